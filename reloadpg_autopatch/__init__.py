@@ -1,0 +1,60 @@
+"""Reloadable torch.distributed process groups, patched in before Megatron binds them.
+
+Importing this package is cheap and never imports torch: the public names below load their
+module on first use (PEP 562), because the ``.pth`` hook imports this package in every Python
+process of an image, pip and Ray's own workers included.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "monkey_patch_torch_dist": "patch",
+    "is_patched": "patch",
+    "patched_names": "patch",
+    "unwrap": "_unwrap",
+    "ReloadableProcessGroup": "group",
+    "destroy_process_groups": "lifecycle",
+    "reload_process_groups": "lifecycle",
+    "reloadable_groups": "lifecycle",
+    "register_default_process_group": "world",
+    "rebind": "sweep",
+    "find_stale": "sweep",
+    "Rebinding": "sweep",
+    "set_wrap_policy": "policy",
+    "get_wrap_policy": "policy",
+    "GroupSpec": "policy",
+}
+
+__all__ = [
+    "GroupSpec",
+    "Rebinding",
+    "ReloadableProcessGroup",
+    "__version__",
+    "destroy_process_groups",
+    "find_stale",
+    "get_wrap_policy",
+    "is_patched",
+    "monkey_patch_torch_dist",
+    "patched_names",
+    "rebind",
+    "register_default_process_group",
+    "reload_process_groups",
+    "reloadable_groups",
+    "set_wrap_policy",
+    "unwrap",
+]
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reloadpg_autopatch' has no attribute {name!r}")
+    value = getattr(__import__(f"{__name__}.{module}", fromlist=[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

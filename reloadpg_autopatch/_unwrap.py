@@ -1,0 +1,50 @@
+"""Turn any process-group wrapper into the native group torch can dispatch on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from .group import ReloadableProcessGroup
+
+_Native = dist.ProcessGroup
+_MAX_DEPTH = 16
+_MISSING = object()
+
+
+def unwrap(group: Any) -> Any:
+    """Return the native ``ProcessGroup`` inside ``group``; anything else comes back unchanged.
+
+    Our own ``ReloadableProcessGroup`` and *foreign* wrappers (any ``ProcessGroup`` subclass
+    instance that keeps its native group in ``.group``, as slime's and its forks' classes do)
+    are unwrapped recursively. A wrapper whose native group is gone raises ``RuntimeError``
+    rather than handing torch ``None``, which torch would silently read as the default group.
+    """
+    for _ in range(_MAX_DEPTH):
+        cls = type(group)
+        if cls is _Native or group is None:
+            return group
+        if cls is ReloadableProcessGroup:
+            inner = group.group
+            if inner is None:
+                raise group.destroyed_error("passed to torch.distributed")
+            group = inner
+            continue
+        if not isinstance(group, _Native):
+            return group
+        if isinstance(group, ReloadableProcessGroup):
+            inner = group.group
+            if inner is None:
+                raise group.destroyed_error("passed to torch.distributed")
+        else:
+            inner = getattr(group, "group", _MISSING)
+            if inner is None:
+                raise RuntimeError(
+                    f"{cls.__name__} {group!r} has no native group (its .group is None): it "
+                    "was destroyed; reload it before passing it to torch.distributed"
+                )
+        if inner is group or not isinstance(inner, _Native):
+            return group
+        group = inner
+    raise RuntimeError(f"process group wrappers nest deeper than {_MAX_DEPTH} levels")

@@ -1,0 +1,184 @@
+"""``ReloadableProcessGroup``: a ``ProcessGroup`` whose native group can be destroyed and rebuilt.
+
+Megatron caches group objects in module globals for the whole run, so the object it holds must
+survive a destroy/reload cycle while the communicator inside it does not. The wrapper holds the
+native group in ``.group`` (slime's attribute name, which foreign code relies on) and forwards
+every method and property of the installed torch's ``ProcessGroup``, discovered at import time.
+That matters because code that reaches torch with the wrapper itself (a binding made before the
+patch) goes through the ``PyProcessGroup`` trampoline, which calls whatever Python method has the
+name torch uses today: torch 2.13 renamed collectives to ``all_gather_single`` and friends, and a
+hand-kept method list that lacks them fails with "No backend type associated with device type".
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from . import registry
+
+logger = logging.getLogger("reloadpg_autopatch")
+
+_NativeProcessGroup = dist.ProcessGroup
+
+# Members of ProcessGroup that must stay the base class's own: pybind11 plumbing, the boxing
+# helper that is a staticmethod, and the backend-type enum and its values (all class data).
+_NOT_FORWARDED = frozenset({"_pybind11_conduit_v1_"})
+
+
+class ReloadableProcessGroup(_NativeProcessGroup):
+    """A process group that stays valid across ``destroy_process_groups``/``reload_process_groups``.
+
+    ``group`` is the native ``ProcessGroup`` (``None`` while destroyed). Every method and
+    property of the installed torch's ``ProcessGroup`` forwards to it; using the wrapper while
+    destroyed raises a ``RuntimeError`` naming the group and the fix.
+
+    Instances are normally made by the patched ``torch.distributed.new_group``. Building one
+    directly registers it for reload with the given creation arguments, which must be what
+    ``torch.distributed.new_group`` needs to recreate the group on every rank.
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        ranks: Sequence[int] | None = None,
+        group_args: Sequence[Any] = (),
+        group_kwargs: dict[str, Any] | None = None,
+        *,
+        _record: registry.Record | None = None,
+    ) -> None:
+        if type(group) is not _NativeProcessGroup:
+            raise TypeError(
+                "ReloadableProcessGroup needs a native torch.distributed.ProcessGroup, "
+                f"got {type(group).__name__}"
+            )
+        super().__init__(group.rank(), group.size())
+        self.group = group
+        if ranks is None:
+            ranks = dist.get_process_group_ranks(group)
+        self.ranks = list(ranks)
+        if _record is None:
+            _record = registry.current().add(group_args, group_kwargs or {})
+            _record.native = group
+        self._record = _record
+        _record.attach(self)
+
+    # slime exposes the creation arguments under this name; keep it for code that reads it.
+    @property
+    def group_info(self) -> dict[str, Any]:
+        return {
+            "ranks": list(self.ranks),
+            "args": self._record.args,
+            "kwargs": dict(self._record.kwargs),
+        }
+
+    @property
+    def is_destroyed(self) -> bool:
+        """True between ``destroy_process_groups()`` and ``reload_process_groups()``."""
+        return self.group is None
+
+    def describe(self) -> str:
+        """A short name for messages: the group's description if it has one, else its ranks."""
+        desc = self._record.kwargs.get("group_desc")
+        label = f"'{desc}' " if desc else ""
+        return f"ReloadableProcessGroup {label}(ranks {self.ranks})"
+
+    def destroyed_error(self, what: str) -> RuntimeError:
+        """The error for using this group while it has no native group."""
+        if self._record.released:
+            return RuntimeError(
+                f"{self.describe()} was released with torch.distributed.destroy_process_group() "
+                f"and cannot be used ({what}); create a new group instead"
+            )
+        return RuntimeError(
+            f"{self.describe()} is destroyed and cannot be used ({what}); call "
+            "reloadpg_autopatch.reload_process_groups() on every rank first"
+        )
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self.group is None else "live"
+        return f"<{self.describe()} {state}>"
+
+    # Groups are handles to communicators: copying one must give the same group, as it does
+    # for the native class (Megatron deep-copies configs that hold groups).
+    def __copy__(self) -> ReloadableProcessGroup:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReloadableProcessGroup:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the class lacks: Python attributes set on the native group.
+        if name.startswith("__") or name in ("group", "_record", "ranks"):
+            raise AttributeError(name)
+        inner = self.__dict__.get("group")
+        if inner is None:
+            raise self.destroyed_error(f"attribute {name!r}")
+        return getattr(inner, name)
+
+
+def _forward_method(name: str, base: Any) -> Any:
+    def method(self: ReloadableProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        inner = self.group
+        if inner is None:
+            raise self.destroyed_error(f"{name}()")
+        return getattr(inner, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"ReloadableProcessGroup.{name}"
+    method.__doc__ = getattr(base, "__doc__", None)
+    return method
+
+
+def _forward_property(name: str, base: property) -> property:
+    def fget(self: ReloadableProcessGroup) -> Any:
+        inner = self.group
+        if inner is None:
+            raise self.destroyed_error(f"property {name!r}")
+        return getattr(inner, name)
+
+    fset = None
+    if base.fset is not None:
+
+        def fset(self: ReloadableProcessGroup, value: Any) -> None:
+            inner = self.group
+            if inner is None:
+                raise self.destroyed_error(f"setting {name!r}")
+            setattr(inner, name, value)
+
+    return property(fget, fset, doc=base.__doc__)
+
+
+def _install_forwarders(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    methods, properties = [], []
+    for name in dir(_NativeProcessGroup):
+        if name.startswith("__") or name in _NOT_FORWARDED or name in cls.__dict__:
+            continue
+        raw = inspect.getattr_static(_NativeProcessGroup, name)
+        if isinstance(raw, property):
+            setattr(cls, name, _forward_property(name, raw))
+            properties.append(name)
+        elif isinstance(raw, (staticmethod, classmethod, type)) or not callable(raw):
+            continue  # class-level data and helpers behave the same on the subclass
+        else:
+            setattr(cls, name, _forward_method(name, raw))
+            methods.append(name)
+    return tuple(methods), tuple(properties)
+
+
+FORWARDED_METHODS, FORWARDED_PROPERTIES = _install_forwarders(ReloadableProcessGroup)
+
+
+def forwarding_report() -> dict[str, list[str]]:
+    """Which ``ProcessGroup`` members of this torch the wrapper forwards, and which it leaves."""
+    members = [n for n in dir(_NativeProcessGroup) if not n.startswith("__")]
+    forwarded = set(FORWARDED_METHODS) | set(FORWARDED_PROPERTIES)
+    return {
+        "methods": sorted(FORWARDED_METHODS),
+        "properties": sorted(FORWARDED_PROPERTIES),
+        "inherited": sorted(n for n in members if n not in forwarded),
+    }
