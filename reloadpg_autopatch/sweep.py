@@ -1,0 +1,107 @@
+"""Find and fix module attributes that still hold torch's unpatched functions.
+
+Megatron binds some ``torch.distributed`` functions into its module globals at import time
+(``dist_all_gather_func = torch.distributed.all_gather_into_tensor``). When the patch lands
+after that import, those names keep the originals. The sweep matches by identity against the
+snapshot the patch took, so it only ever replaces an object that *is* one of torch's originals.
+torch's own modules and ours are never touched: torch's internals call each other directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+from . import patch
+
+logger = logging.getLogger("reloadpg_autopatch")
+
+DEFAULT_PREFIXES: tuple[str, ...] = ("megatron",)
+_NEVER = ("torch", "reloadpg_autopatch")
+
+
+class Rebinding(NamedTuple):
+    """One module attribute that held a torch original: module name, attribute, our wrapper."""
+
+    module: str
+    attribute: str
+    function: Callable[..., Any]
+
+
+def parse_prefixes(prefixes: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Normalise a prefix spec: None (the default), ``"*"``, ``"a,b"`` or an iterable of names."""
+    if prefixes is None:
+        return DEFAULT_PREFIXES
+    items = prefixes.split(",") if isinstance(prefixes, str) else list(prefixes)
+    out = []
+    for raw in items:
+        if not isinstance(raw, str):
+            raise TypeError(
+                "rebind prefixes must be module names (str), '*' or a comma-separated "
+                f"string; got {raw!r}"
+            )
+        item = raw.strip()
+        if not item:
+            continue
+        if item != "*" and not all(part.isidentifier() for part in item.split(".")):
+            raise ValueError(
+                f"rebind prefix {item!r} is not a module name; use dotted names like "
+                "'megatron' or 'megatron.core', or '*' for every module"
+            )
+        out.append(item)
+    if not out:
+        raise ValueError("rebind prefixes are empty; use module names such as 'megatron', or '*'")
+    return tuple(out)
+
+
+def _selected(name: str, prefixes: tuple[str, ...]) -> bool:
+    for excluded in _NEVER:
+        if name == excluded or name.startswith(excluded + "."):
+            return False
+    if "*" in prefixes:
+        return True
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _scan(prefixes: tuple[str, ...], fix: bool) -> list[Rebinding]:
+    state = patch.state()
+    if state is None:
+        return []
+    table = state.by_original_id
+    ids = table.keys()
+    found: list[Rebinding] = []
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if type(namespace) is not dict or not _selected(name, prefixes):
+            continue
+        if ids.isdisjoint(map(id, namespace.values())):
+            continue
+        for attribute, value in list(namespace.items()):
+            pair = table.get(id(value))
+            if pair is None or pair[0] is not value:
+                continue
+            if fix:
+                try:
+                    setattr(module, attribute, pair[1])
+                except Exception as error:  # a read-only or exotic module: leave it stale
+                    logger.warning("cannot rebind %s.%s: %s", name, attribute, error)
+                    continue
+            found.append(Rebinding(name, attribute, pair[1]))
+    return found
+
+
+def rebind(prefixes: str | Iterable[str] | None = None) -> list[Rebinding]:
+    """Point every stale reference in the selected modules at our wrapper; return what changed.
+
+    ``prefixes`` selects modules by package name (``"megatron"`` matches ``megatron`` and
+    ``megatron.core.timers``); ``"*"`` selects every module. torch and this package are never
+    swept. Returns an empty list when ``torch.distributed`` is not patched.
+    """
+    return _scan(parse_prefixes(prefixes), fix=True)
+
+
+def find_stale(prefixes: str | Iterable[str] | None = "*") -> list[Rebinding]:
+    """List the references ``rebind`` would change, without changing them."""
+    return _scan(parse_prefixes(prefixes), fix=False)
