@@ -1,0 +1,134 @@
+"""Run a function on N gloo ranks, each a freshly spawned interpreter on 127.0.0.1.
+
+The parent owns the TCPStore server (port 0: the kernel picks a free port, so parallel runs
+never collide) and joins every rank against one deadline: a rank that hangs, dies or raises
+fails the test with its rank number and traceback, and the other ranks are killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+HOST = "127.0.0.1"
+
+
+@dataclass
+class Rank:
+    """What a rank function gets: its rank, the world size, and how to join the store."""
+
+    rank: int
+    world_size: int
+    port: int
+
+    def store(self) -> Any:
+        import torch.distributed as dist
+
+        return dist.TCPStore(HOST, self.port, self.world_size, is_master=False)
+
+    def init(self, backend: str = "gloo", timeout: float = 30.0) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            backend,
+            store=self.store(),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str | None] | None) -> Iterator[None]:
+    """Set (or, with None, unset) variables while children start: spawn copies os.environ."""
+    saved = {key: os.environ.get(key) for key in env or {}}
+    try:
+        for key, value in (env or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _entry(fn: Callable[[Rank], Any], rank: Rank, results: Any) -> None:
+    try:
+        results.put((rank.rank, True, fn(rank)))
+    except BaseException:
+        results.put((rank.rank, False, traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+class RankFailure(AssertionError):
+    """One or more ranks failed, hung or died."""
+
+
+def run_ranks(
+    fn: Callable[[Rank], Any],
+    world_size: int = 2,
+    *,
+    timeout: float = 90.0,
+    env: dict[str, str | None] | None = None,
+) -> list[Any]:
+    """Run ``fn(Rank)`` on every rank; return the results in rank order."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = []
+    with environment(env):
+        for rank in range(world_size):
+            proc = ctx.Process(
+                target=_entry, args=(fn, Rank(rank, world_size, server.port), results), daemon=True
+            )
+            proc.start()
+            procs.append(proc)
+    outcome: dict[int, tuple[bool, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outcome) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(world_size)) - set(outcome))
+                raise RankFailure(f"ranks {missing} did not finish within {timeout:.0f} s")
+            try:
+                rank, ok, value = results.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                dead = [
+                    r for r, p in enumerate(procs) if r not in outcome and p.exitcode is not None
+                ]
+                if dead:
+                    # Give a dying rank's report a moment to arrive through the queue.
+                    with contextlib.suppress(queue.Empty):
+                        rank, ok, value = results.get(timeout=2)
+                        outcome[rank] = (ok, value)
+                        continue
+                    codes = {r: procs[r].exitcode for r in dead}
+                    raise RankFailure(f"ranks died without a report (exit codes {codes})") from None
+                continue
+            outcome[rank] = (ok, value)
+            if not ok:
+                raise RankFailure(f"rank {rank} failed:\n{value}")
+    finally:
+        for proc in procs:
+            proc.join(timeout=5 if len(outcome) == world_size else 0.1)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        del server
+    return [outcome[r][1] for r in range(world_size)]

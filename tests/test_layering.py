@@ -1,0 +1,140 @@
+"""Foreign wrappers and a second patch layered on top of ours (slime's actor does that)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._ranks import Rank, run_ranks
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _apply_slime_like_patch():
+    """A minimal model of slime's late patch: its own wrapper class with the pre-2.13 method
+    names only, a ``new_group`` that wraps whatever the previous ``new_group`` returns, and
+    collectives that unwrap its class and call the previous function. Written for this test."""
+    import torch.distributed as dist
+
+    class SlimeLikeGroup(dist.ProcessGroup):
+        def __init__(self, group, args, kwargs):
+            super().__init__(group.rank(), group.size())
+            self.group = group
+            self.args, self.kwargs = args, kwargs
+
+        def allreduce(self, *a, **k):
+            return self.group.allreduce(*a, **k)
+
+        def _allgather_base(self, *a, **k):
+            return self.group._allgather_base(*a, **k)
+
+        def rank(self):
+            return self.group.rank()
+
+        def size(self):
+            return self.group.size()
+
+    previous_new_group = dist.new_group
+    created = []
+
+    def new_group(*args, **kwargs):
+        group = SlimeLikeGroup(previous_new_group(*args, **kwargs), args, kwargs)
+        created.append(group)
+        return group
+
+    def unwrapping(func):
+        def wrapper(*args, **kwargs):
+            args = tuple(a.group if isinstance(a, SlimeLikeGroup) else a for a in args)
+            kwargs = {k: v.group if isinstance(v, SlimeLikeGroup) else v for k, v in kwargs.items()}
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("all_reduce", "all_gather_into_tensor", "barrier", "get_rank"):
+        setattr(dist, name, unwrapping(getattr(dist, name)))
+    dist.new_group = new_group
+
+    def destroy():
+        for group in created:
+            dist.destroy_process_group(group.group)
+            group.group = None
+
+    def reload():
+        for group in created:
+            group.group = previous_new_group(*group.args, **group.kwargs)
+
+    return SlimeLikeGroup, destroy, reload
+
+
+def _layered(ctx: Rank) -> dict:
+    import warnings
+
+    import torch
+
+    import reloadpg_autopatch
+    from reloadpg_autopatch import registry
+
+    warnings.simplefilter("ignore", FutureWarning)
+    reloadpg_autopatch.monkey_patch_torch_dist()
+    reloadpg_autopatch.set_wrap_policy("all")
+    ctx.init()
+    import torch.distributed as dist
+
+    ours = dist.new_group([0, 1])
+    bound_all_gather = dist.all_gather_into_tensor  # a Megatron-style binding of our wrapper
+    records_before = len(registry.current().records)
+
+    slime_class, slime_destroy, slime_reload = _apply_slime_like_patch()
+    theirs = dist.new_group([0, 1])
+    out = {
+        "theirs_type": type(theirs).__name__,
+        "inner_type": type(theirs.group).__name__,
+        "records_added": len(registry.current().records) - records_before,
+    }
+
+    def gather(func, group):
+        buffer = torch.zeros(4)
+        func(buffer, torch.full((2,), float(ctx.rank)), group=group)
+        return buffer.tolist()
+
+    def total(group):
+        t = torch.tensor([ctx.rank + 1.0])
+        dist.all_reduce(t, group=group)
+        return t.item()
+
+    out["their_group_via_their_patch"] = [
+        total(theirs),
+        gather(dist.all_gather_into_tensor, theirs),
+    ]
+    out["their_group_via_our_binding"] = gather(bound_all_gather, theirs)
+    try:
+        gather(reloadpg_autopatch.patch.original("all_gather_into_tensor"), theirs)
+        out["their_group_unpatched"] = "no error"
+    except Exception as error:
+        out["their_group_unpatched"] = type(error).__name__
+    out["our_group_via_their_patch"] = [total(ours), gather(dist.all_gather_into_tensor, ours)]
+
+    # Each layer destroys and reloads its own groups; neither disturbs the other.
+    reloadpg_autopatch.destroy_process_groups()
+    out["theirs_alive_while_ours_sleep"] = total(theirs)
+    reloadpg_autopatch.reload_process_groups()
+    slime_destroy()
+    out["ours_alive_while_theirs_sleep"] = total(ours)
+    slime_reload()
+    out["after_both_reloaded"] = [total(ours), total(theirs), type(theirs.group).__name__]
+    out["is_slime_class"] = isinstance(theirs, slime_class)
+    return out
+
+
+def test_outermost_patch_wraps_and_both_layers_keep_working() -> None:
+    for report in run_ranks(_layered, 2):
+        assert report["theirs_type"] == "SlimeLikeGroup"
+        assert report["inner_type"] == "ProcessGroup"  # not wrapped twice
+        assert report["records_added"] == 0
+        assert report["their_group_via_their_patch"] == [3.0, [0.0, 0.0, 1.0, 1.0]]
+        assert report["their_group_via_our_binding"] == [0.0, 0.0, 1.0, 1.0]
+        assert report["their_group_unpatched"] != "no error"  # their class alone is broken
+        assert report["our_group_via_their_patch"] == [3.0, [0.0, 0.0, 1.0, 1.0]]
+        assert report["theirs_alive_while_ours_sleep"] == 3.0
+        assert report["ours_alive_while_theirs_sleep"] == 3.0
+        assert report["after_both_reloaded"] == [3.0, 3.0, "ProcessGroup"]
+        assert report["is_slime_class"]

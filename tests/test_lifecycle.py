@@ -1,0 +1,360 @@
+"""Destroy/reload of subgroups and of WORLD on real gloo ranks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests._ranks import Rank, run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _setup(ctx: Rank, policy: str = "all") -> object:
+    import warnings
+
+    import reloadpg_autopatch
+
+    warnings.simplefilter("ignore", FutureWarning)
+    reloadpg_autopatch.monkey_patch_torch_dist()
+    reloadpg_autopatch.set_wrap_policy(policy)
+    ctx.init()
+    import torch.distributed as dist
+
+    return dist
+
+
+def _pg_count() -> int:
+    from torch.distributed import distributed_c10d
+
+    return len(distributed_c10d._world.pg_map)
+
+
+def _check_groups(dist, groups: dict, rank: int) -> dict:
+    """One all_reduce per group: the sum of global ranks of its members."""
+    import torch
+
+    sums = {}
+    for name, group in groups.items():
+        if not isinstance(group, dist.ProcessGroup):
+            continue
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=group)
+        sums[name] = t.item()
+    return sums
+
+
+def _expected_sums(rank: int) -> dict:
+    tp = [0 + 1, 0 + 1, 2 + 3, 2 + 3][rank]
+    dp = [0 + 2, 1 + 3, 0 + 2, 1 + 3][rank]
+    enum = [0 + 3, 1 + 2, 1 + 2, 0 + 3][rank]
+    return {"tp": tp, "dp": dp, "sub": tp, "enum": enum, "single": rank, "all": 6}
+
+
+def _make_groups(dist, rank: int) -> dict:
+    tp = [dist.new_group(r) for r in ([0, 1], [2, 3])][rank // 2]
+    dp = [dist.new_group(r) for r in ([0, 2], [1, 3])][rank % 2]
+    sub, _ = dist.new_subgroups(2)
+    enum, _ = dist.new_subgroups_by_enumeration([[0, 3], [1, 2]])
+    single = [dist.new_group([r]) for r in range(4)][rank]
+    everyone = dist.new_group()
+    return {"tp": tp, "dp": dp, "sub": sub, "enum": enum, "single": single, "all": everyone}
+
+
+def _subgroup_cycles(ctx: Rank) -> dict:
+    import reloadpg_autopatch
+    from reloadpg_autopatch import registry
+
+    dist = _setup(ctx)
+    groups = _make_groups(dist, ctx.rank)
+    assert all(isinstance(g, reloadpg_autopatch.ReloadableProcessGroup) for g in groups.values())
+    records = len(registry.current().records)
+    live_count = _pg_count()
+    report = {"cycles": [], "records": records, "pg_before": live_count}
+    for _ in range(3):
+        sums = _check_groups(dist, groups, ctx.rank)
+        reloadpg_autopatch.destroy_process_groups()
+        reloadpg_autopatch.destroy_process_groups()  # idempotent
+        after_destroy = _pg_count()
+        destroyed = all(g.group is None for g in groups.values())
+        reloadpg_autopatch.reload_process_groups()
+        reloadpg_autopatch.reload_process_groups()  # idempotent
+        report["cycles"].append(
+            {
+                "sums_before": sums,
+                "pg_after_destroy": after_destroy,
+                "all_destroyed": destroyed,
+                "pg_after_reload": _pg_count(),
+                "records": len(registry.current().records),
+            }
+        )
+    report["sums_final"] = _check_groups(dist, groups, ctx.rank)
+    return report
+
+
+def test_three_subgroup_cycles_free_and_rebuild_everything() -> None:
+    for rank, report in enumerate(run_ranks(_subgroup_cycles, 4)):
+        want = _expected_sums(rank)
+        assert report["pg_before"] > 1
+        for cycle in report["cycles"]:
+            assert cycle["sums_before"] == want
+            assert cycle["all_destroyed"]
+            assert cycle["pg_after_destroy"] == 1  # only WORLD is left in torch's map
+            assert cycle["pg_after_reload"] == report["pg_before"]
+            assert cycle["records"] == report["records"]
+        assert report["sums_final"] == want
+
+
+def _world_cycles(ctx: Rank) -> dict:
+    import torch
+
+    import reloadpg_autopatch
+    from reloadpg_autopatch import world
+
+    dist = _setup(ctx, policy="auto")
+    original_world = dist.GroupMember.WORLD
+    # gloo plays the accelerator here: that is what the parameter is for.
+    reloadpg_autopatch.register_default_process_group(accelerator_backends=("gloo",))
+    groups = _make_groups(dist, ctx.rank)
+    report = {
+        "cycles": [],
+        "wrapped": sorted(
+            n for n, g in groups.items() if isinstance(g, reloadpg_autopatch.ReloadableProcessGroup)
+        ),
+    }
+    for _ in range(3):
+        sums = _check_groups(dist, groups, ctx.rank)
+        reloadpg_autopatch.destroy_process_groups()
+        asleep_world = dist.GroupMember.WORLD
+        t = torch.tensor([1.0])
+        dist.all_reduce(t)  # the temporary WORLD works while the groups sleep
+        asleep = {
+            "temporary_is_new": asleep_world is not original_world,
+            "world_sum": t.item(),
+            "pg_count": _pg_count(),
+            "generation": world.state().generation,
+        }
+        reloadpg_autopatch.reload_process_groups()
+        t = torch.tensor([float(ctx.rank)])
+        dist.all_reduce(t)
+        report["cycles"].append(
+            {
+                "sums": sums,
+                "asleep": asleep,
+                "generation": world.state().generation,
+                "world_sum_after": t.item(),
+                "backend": str(dist.get_backend()),
+                "suite_ok": _check_groups(dist, groups, ctx.rank),
+            }
+        )
+    return report
+
+
+def test_three_world_cycles_swap_world_and_restore_it() -> None:
+    for rank, report in enumerate(run_ranks(_world_cycles, 4)):
+        want = _expected_sums(rank)
+        # With WORLD registered, the default policy wraps gloo and single-rank groups too.
+        assert report["wrapped"] == sorted(want)
+        for index, cycle in enumerate(report["cycles"]):
+            assert cycle["sums"] == want
+            assert cycle["asleep"]["temporary_is_new"]
+            assert cycle["asleep"]["world_sum"] == 4.0
+            assert cycle["asleep"]["pg_count"] == 1  # the temporary WORLD alone
+            assert cycle["asleep"]["generation"] == 2 * index + 1
+            assert cycle["generation"] == 2 * index + 2
+            assert cycle["world_sum_after"] == 6.0
+            assert cycle["backend"] == "gloo"
+            assert cycle["suite_ok"] == want
+
+
+def _destroyed_use(ctx: Rank) -> dict:
+    import torch
+
+    import reloadpg_autopatch
+
+    dist = _setup(ctx)
+    group = dist.new_group([0, 1])
+    reloadpg_autopatch.destroy_process_groups()
+    errors = {}
+    started = time.monotonic()
+    for label, call in {
+        "all_reduce": lambda: dist.all_reduce(torch.ones(1), group=group),
+        "get_rank": lambda: dist.get_rank(group),
+        "method": lambda: group.allreduce([torch.ones(1)]),
+        "property": lambda: group.group_name,
+        "unpatched": lambda: reloadpg_autopatch.patch.original("all_reduce")(
+            torch.ones(1), group=group
+        ),
+    }.items():
+        try:
+            call()
+            errors[label] = "no error"
+        except RuntimeError as error:
+            errors[label] = str(error)
+    elapsed = time.monotonic() - started
+    reloadpg_autopatch.reload_process_groups()
+    t = torch.ones(1)
+    dist.all_reduce(t, group=group)
+    return {"errors": errors, "elapsed": elapsed, "after_reload": t.item(), "repr": repr(group)}
+
+
+def test_using_a_destroyed_group_raises_a_clear_error_at_once() -> None:
+    for report in run_ranks(_destroyed_use, 2):
+        assert report["elapsed"] < 5.0  # no collective was attempted: nothing can hang
+        for message in report["errors"].values():
+            assert "ReloadableProcessGroup (ranks [0, 1]) is destroyed" in message
+            assert "reload_process_groups()" in message
+        assert report["after_reload"] == 2.0
+        assert "live" in report["repr"]
+
+
+def _dropped_and_released(ctx: Rank) -> dict:
+    import gc
+
+    import torch
+
+    import reloadpg_autopatch
+    from reloadpg_autopatch import registry
+
+    dist = _setup(ctx)
+    keep = dist.new_group([0, 1])
+    dropped = dist.new_group([0, 1])
+    released = dist.new_group([0, 1])
+    records = len(registry.current().records)
+    base = _pg_count()
+    del dropped
+    gc.collect()
+    dist.destroy_process_group(released)  # released for good
+    after_release = _pg_count()
+    released_error = ""
+    try:
+        dist.barrier(group=released)
+    except RuntimeError as error:
+        released_error = str(error)
+    reloadpg_autopatch.destroy_process_groups()
+    after_destroy = _pg_count()
+    reloadpg_autopatch.reload_process_groups()
+    t = torch.ones(1)
+    dist.all_reduce(t, group=keep)
+    return {
+        "base": base,
+        "after_release": after_release,
+        "after_destroy": after_destroy,
+        "after_reload": _pg_count(),
+        "records": (records, len(registry.current().records)),
+        "live": len(reloadpg_autopatch.reloadable_groups()),
+        "released_error": released_error,
+        "released_still_destroyed": released.group is None,
+        "sum": t.item(),
+    }
+
+
+def test_dropped_and_released_groups_are_not_rebuilt() -> None:
+    for report in run_ranks(_dropped_and_released, 2):
+        assert report["after_release"] == report["base"] - 1
+        assert report["after_destroy"] == 1  # the dropped group's communicator went too
+        assert report["after_reload"] == 2  # WORLD and the one group still held
+        assert report["records"][0] == report["records"][1]
+        assert report["live"] == 1
+        assert "released with torch.distributed.destroy_process_group()" in report["released_error"]
+        assert report["released_still_destroyed"]
+        assert report["sum"] == 2.0
+
+
+def _fork_probe(ctx: Rank) -> dict:
+    import json
+    import os
+
+    import reloadpg_autopatch
+    from reloadpg_autopatch import registry
+
+    dist = _setup(ctx)
+    group = dist.new_group([0])
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running the parent's cleanup
+        try:
+            reloadpg_autopatch.destroy_process_groups()  # must not touch the parent's groups
+            view = [len(registry.current().records), group.group is not None]
+            os.write(write_end, json.dumps(view).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child_view = json.loads(pipe.read() or "null")
+    _, status = os.waitpid(pid, 0)
+    return {
+        "child": child_view,
+        "parent_live": group.group is not None,
+        "code": os.waitstatus_to_exitcode(status),
+    }
+
+
+def test_forked_child_never_touches_the_parents_groups() -> None:
+    (report,) = run_ranks(_fork_probe, 1)
+    assert report["child"] == [0, True]
+    assert report["parent_live"]
+    assert report["code"] == 0
+
+
+def _policies(ctx: Rank) -> dict:
+    import reloadpg_autopatch
+
+    dist = _setup(ctx, policy="auto")
+    kinds = {}
+    kinds["gloo pair"] = type(dist.new_group([0, 1])).__name__
+    kinds["single"] = type([dist.new_group([r]) for r in range(2)][ctx.rank]).__name__
+    reloadpg_autopatch.set_wrap_policy(lambda spec: spec.ranks == (0, 1))
+    kinds["callable pair"] = type(dist.new_group([0, 1])).__name__
+    kinds["callable single"] = type([dist.new_group([r]) for r in range(2)][ctx.rank]).__name__
+    reloadpg_autopatch.set_wrap_policy("none")
+    kinds["none"] = type(dist.new_group([0, 1])).__name__
+    reloadpg_autopatch.set_wrap_policy("auto")
+    reloadpg_autopatch.register_default_process_group()
+    kinds["registered gloo pair"] = type(dist.new_group([0, 1])).__name__
+    return kinds
+
+
+def test_group_policy_defaults_to_slimes_and_is_configurable() -> None:
+    for kinds in run_ranks(_policies, 2):
+        assert kinds == {
+            "gloo pair": "ProcessGroup",
+            "single": "ProcessGroup",
+            "callable pair": "ReloadableProcessGroup",
+            "callable single": "ProcessGroup",
+            "none": "ProcessGroup",
+            "registered gloo pair": "ReloadableProcessGroup",
+        }
+
+
+def _before_init(ctx: Rank) -> dict:
+    import reloadpg_autopatch
+
+    reloadpg_autopatch.monkey_patch_torch_dist()
+    errors = {}
+    for label, call in {
+        "reload": reloadpg_autopatch.reload_process_groups,
+        "register": reloadpg_autopatch.register_default_process_group,
+        "timeout": lambda: reloadpg_autopatch.register_default_process_group(30),
+        "backends": lambda: reloadpg_autopatch.register_default_process_group(
+            accelerator_backends=[None]
+        ),
+    }.items():
+        try:
+            call()
+            errors[label] = "no error"
+        except Exception as error:
+            errors[label] = f"{type(error).__name__}: {error}"
+    reloadpg_autopatch.destroy_process_groups()  # nothing to destroy: a no-op, not an error
+    return errors
+
+
+def test_bad_input_before_init_gets_clear_errors() -> None:
+    (errors,) = run_ranks(_before_init, 1)
+    assert errors["reload"].startswith("RuntimeError: reload_process_groups() needs")
+    assert "init_process_group() first" in errors["reload"]
+    assert errors["register"].startswith("RuntimeError:")
+    assert "init_process_group() first" in errors["register"]
+    assert errors["timeout"] == "TypeError: timeout must be a datetime.timedelta or None, got int"
+    assert errors["backends"].startswith("TypeError: accelerator_backends must be backend names")
