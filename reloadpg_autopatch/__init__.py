@@ -5,8 +5,6 @@ module on first use (PEP 562), because the ``.pth`` hook imports this package in
 process of an image, pip and Ray's own workers included.
 """
 
-from __future__ import annotations
-
 __version__ = "0.1.0"
 
 _EXPORTS = {

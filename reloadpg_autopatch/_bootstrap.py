@@ -1,0 +1,156 @@
+"""Start-up activation: read the gate, install the import hook, never raise.
+
+This module is imported by the ``.pth`` line (and called through the PEP 829 ``.start`` entry
+point) in every Python process of an image where the gate is on, so it imports only ``os`` and
+``sys``, which site has already loaded. Logging, the hook's callback and everything that touches
+torch wait until ``torch.distributed`` is imported, when torch has loaded them anyway.
+"""
+
+import os
+import sys
+
+GATE = "SLIME_RELOADABLE_PG"
+REBIND_ENV = "SLIME_RELOADABLE_PG_REBIND"
+LOG_ENV = "SLIME_RELOADABLE_PG_LOG"
+
+ON_VALUES = ("1", "true", "yes", "on")
+OFF_VALUES = ("", "0", "false", "no", "off")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+_state = {"activated": False, "warned": set(), "source": None}
+
+
+def warn_once(key: str, message: str) -> None:
+    """One line on stderr per problem and process, however often the ``.pth`` is processed."""
+    if key in _state["warned"]:
+        return
+    _state["warned"].add(key)
+    try:  # noqa: SIM105 - contextlib is not loaded at start-up; this path must stay cheap
+        sys.stderr.write(f"reloadpg_autopatch: {message}\n")
+    except Exception:  # noqa: S110 - a closed stderr must not stop the interpreter
+        pass
+
+
+def gate_verdict(value: str | None) -> tuple[bool, str | None]:
+    """``(activate, problem)`` for a gate value; the value is compared, never evaluated."""
+    if value is None:
+        return False, None
+    normalised = value.strip().lower()
+    if normalised in ON_VALUES:
+        return True, None
+    if normalised in OFF_VALUES:
+        return False, None
+    accepted = ", ".join(ON_VALUES)
+    return False, (
+        f"{GATE}={value!r} is not understood, so the patch stays off; use one of {accepted} "
+        f"to activate, or unset, empty, {', '.join(OFF_VALUES[1:])} to leave torch untouched"
+    )
+
+
+def log_level() -> str | None:
+    """The level named by ``SLIME_RELOADABLE_PG_LOG`` (None when unset or invalid)."""
+    raw = os.environ.get(LOG_ENV, "").strip()
+    if not raw:
+        return None
+    if raw.upper() in LOG_LEVELS:
+        return raw.upper()
+    warn_once(
+        "log",
+        f"{LOG_ENV}={raw!r} is not a log level; use one of {', '.join(LOG_LEVELS)} "
+        "(logging stays at its default)",
+    )
+    return None
+
+
+def rebind_prefixes() -> str | None:
+    """The raw ``SLIME_RELOADABLE_PG_REBIND`` value (validated when the patch runs)."""
+    raw = os.environ.get(REBIND_ENV, "").strip()
+    return raw or None
+
+
+def _configure_logging() -> None:
+    level = log_level()
+    if level is None:
+        return
+    import logging
+
+    logger = logging.getLogger("reloadpg_autopatch")
+    logger.setLevel(level)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("reloadpg_autopatch %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def patch_now() -> bool:
+    """Apply the patch and sweep; report a failure once instead of raising. Returns success."""
+    try:
+        _configure_logging()
+        from .patch import monkey_patch_torch_dist
+
+        prefixes = rebind_prefixes()
+        try:
+            monkey_patch_torch_dist(prefixes)
+        except (TypeError, ValueError) as error:
+            if prefixes is None:
+                raise
+            warn_once("rebind", f"{REBIND_ENV}: {error}; sweeping the default prefixes instead")
+            monkey_patch_torch_dist()
+    except Exception as error:
+        message = (
+            "patching torch.distributed failed, it stays unpatched: "
+            f"{type(error).__name__}: {error}"
+        )
+        try:
+            import logging
+
+            logger = logging.getLogger("reloadpg_autopatch")
+            if logger.hasHandlers():
+                logger.error(message)
+                return False
+        except Exception:  # noqa: S110 - fall back to the plain line below
+            pass
+        warn_once("patch", message)
+        return False
+    return True
+
+
+def activate(source: str = "api") -> None:
+    """Patch ``torch.distributed`` as soon as it is imported (at once if it already is).
+
+    Idempotent: a ``.pth`` can be processed twice in a venv, and the ``.start`` entry point and
+    an explicit call may both run.
+    """
+    if _state["activated"]:
+        return
+    _state["activated"] = True
+    _state["source"] = source
+    log_level()  # report a bad value at start-up, where the user looks for it
+    module = sys.modules.get("torch.distributed")
+    if module is not None and getattr(module, "__spec__", None) is not None:
+        patch_now()
+        return
+    from . import _hook
+
+    _hook.install("torch.distributed", patch_now)
+
+
+def activate_from_site() -> None:
+    """Entry point of the ``.pth`` line and of the ``.start`` file: gate, then activate."""
+    try:
+        on, problem = gate_verdict(os.environ.get(GATE))
+        if problem is not None:
+            warn_once("gate", problem)
+        if on:
+            activate("site")
+    except BaseException as error:  # the host process must always start
+        warn_once("bootstrap", f"activation failed: {type(error).__name__}: {error}")
+
+
+def status() -> dict[str, object]:
+    """What activation did in this process (for the doctor)."""
+    return {
+        "activated": _state["activated"],
+        "source": _state["source"],
+        "warnings": sorted(_state["warned"]),
+    }

@@ -1,0 +1,70 @@
+"""The ``reloadpg_autopatch.pth`` line and the ``.start`` entry point, kept as ordinary code.
+
+site.py executes a ``.pth`` line only if it starts with ``import`` and runs the whole line at
+once, so a ``try`` statement cannot be written on it. The line therefore reads the gate itself
+(importing nothing of ours while it is off) and otherwise executes, in a fresh namespace, the
+source of ``guarded_activation`` below followed by a call of it. ``render_pth()`` builds that
+line from this file, so the guard is linted like any other code; ``tests/test_pth.py`` checks
+that the files at the repository root are exactly what this module renders, and
+``python -m reloadpg_autopatch._pth [DIR]`` rewrites them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+from pathlib import Path
+
+from ._bootstrap import GATE, OFF_VALUES
+
+PTH_NAME = "reloadpg_autopatch.pth"
+START_NAME = "reloadpg_autopatch.start"
+ENTRY_POINT = "reloadpg_autopatch._bootstrap:activate_from_site"
+
+
+def guarded_activation() -> None:
+    import sys
+
+    # A venv may process this file twice (cpython#75723): act, and complain, only once.
+    if getattr(sys, "_reloadpg_autopatch_pth_ran", False):
+        return
+    sys._reloadpg_autopatch_pth_ran = True
+    try:
+        from reloadpg_autopatch._bootstrap import activate_from_site
+
+        activate_from_site()
+    except BaseException as error:
+        sys.stderr.write(f"reloadpg_autopatch: not activated ({type(error).__name__}: {error})\n")
+
+
+def _guard_source() -> str:
+    source = textwrap.dedent(inspect.getsource(guarded_activation))
+    return source.replace(" -> None:", ":", 1) + "guarded_activation()\n"
+
+
+def render_pth() -> str:
+    """The exact content of ``reloadpg_autopatch.pth``: one line."""
+    return (
+        f"import os; os.environ.get({GATE!r}, '').strip().lower() in {OFF_VALUES!r} "
+        f"or exec({_guard_source()!r}, {{}})\n"
+    )
+
+
+def render_start() -> str:
+    """The exact content of ``reloadpg_autopatch.start`` (PEP 829, Python 3.15+)."""
+    return ENTRY_POINT + "\n"
+
+
+def write(directory: Path) -> list[Path]:
+    """Write both files into ``directory``; return their paths."""
+    written = []
+    for name, text in ((PTH_NAME, render_pth()), (START_NAME, render_start())):
+        path = directory / name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
