@@ -1,5 +1,38 @@
-"""Build hooks live here; all metadata is in setup.cfg."""
+"""Build hook: put reloadpg_autopatch.pth and .start at the root of site-packages.
+
+No declarative setuptools option installs a file there (``data_files`` lands under the
+prefix), so ``build_py`` copies both files next to the top-level package in ``build_lib``,
+which a wheel installs into site-packages and ``pip uninstall`` removes through RECORD. A
+PEP 660 editable install runs ``build_py`` in editable mode and packs only what the install
+command's ``install_lib`` (the unpacked editable wheel) holds, so there the files go to
+``install_lib``. All metadata is in setup.cfg.
+"""
+
+import os
+import shutil
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
-setup()
+ROOT_FILES = ("reloadpg_autopatch.pth", "reloadpg_autopatch.start")
+
+
+class build_py_with_site_files(build_py):
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            target = self.get_finalized_command("install").install_lib
+        else:
+            target = self.build_lib
+        os.makedirs(target, exist_ok=True)
+        for name in ROOT_FILES:
+            shutil.copyfile(name, os.path.join(target, name))
+
+    def get_outputs(self, include_bytecode=1):
+        outputs = super().get_outputs(include_bytecode)
+        if not getattr(self, "editable_mode", False):
+            outputs += [os.path.join(self.build_lib, name) for name in ROOT_FILES]
+        return outputs
+
+
+setup(cmdclass={"build_py": build_py_with_site_files})
