@@ -1,0 +1,260 @@
+"""``python -m reloadpg_autopatch doctor``: say exactly what is and is not patched, and why.
+
+Every check is a fact of *this* interpreter (its site-packages, its flags, its environment),
+so run the doctor with the same Python and the same variables as the training process, for
+example inside the Ray ``runtime_env`` or the training image.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import site
+import sys
+import textwrap
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import __version__, _bootstrap, _pth
+
+
+@dataclass
+class Report:
+    """Everything the doctor found; ``problems`` decides the exit code."""
+
+    version: str = __version__
+    python: str = ""
+    executable: str = ""
+    site_processing: bool = True
+    site_dirs: list[str] = field(default_factory=list)
+    pth: dict[str, Any] = field(default_factory=dict)
+    start: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    activation: dict[str, Any] = field(default_factory=dict)
+    imports: dict[str, str] = field(default_factory=dict)
+    torch: dict[str, Any] = field(default_factory=dict)
+    stale: list[dict[str, str]] = field(default_factory=list)
+    forwarding: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        if self.problems:
+            return "problems found"
+        return "healthy" if self.torch.get("patched") else "healthy, inactive (gate off)"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = self.verdict
+        return data
+
+
+def _site_dirs() -> list[str]:
+    dirs = list(site.getsitepackages())
+    user = site.getusersitepackages()
+    if isinstance(user, str):
+        dirs.append(user)
+    return dirs
+
+
+def _installed_file(name: str, expected: str, report: Report) -> dict[str, Any]:
+    for directory in report.site_dirs:
+        path = Path(directory, name)
+        if path.is_file():
+            try:
+                current = path.read_text(encoding="utf-8") == expected
+            except OSError:
+                current = False
+            return {
+                "installed": True,
+                "path": str(path),
+                "current": current,
+                "on_sys_path": directory in sys.path,
+            }
+    return {"installed": False, "path": None, "current": False, "on_sys_path": False}
+
+
+def _check_install(report: Report) -> None:
+    report.site_dirs = _site_dirs()
+    if not report.site_processing:
+        report.notes.append(
+            f"site processing is off (python -S): {_pth.PTH_NAME} was not processed in this "
+            "interpreter"
+        )
+    report.pth = _installed_file(_pth.PTH_NAME, _pth.render_pth(), report)
+    report.start = _installed_file(_pth.START_NAME, _pth.render_start(), report)
+    if not report.pth["installed"]:
+        report.notes.append(
+            f"{_pth.PTH_NAME} is not in this interpreter's site-packages "
+            f"({', '.join(report.site_dirs)}): install the package into this environment"
+        )
+    elif not report.pth["current"]:
+        report.problems.append(
+            f"{report.pth['path']} differs from this version's line: reinstall the package"
+        )
+    if report.pth["installed"] and not report.start["installed"]:
+        report.problems.append(f"{_pth.START_NAME} is missing next to {report.pth['path']}")
+
+
+def _check_gate(report: Report) -> None:
+    raw = os.environ.get(_bootstrap.GATE)
+    on, problem = _bootstrap.gate_verdict(raw)
+    verdict = "on" if on else ("invalid" if problem else "off")
+    report.gate = {"variable": _bootstrap.GATE, "value": raw, "verdict": verdict}
+    if problem:
+        report.problems.append(problem)
+    log = os.environ.get(_bootstrap.LOG_ENV)
+    rebind = os.environ.get(_bootstrap.REBIND_ENV)
+    report.options = {_bootstrap.LOG_ENV: log, _bootstrap.REBIND_ENV: rebind}
+    if log and log.strip().upper() not in _bootstrap.LOG_LEVELS:
+        report.problems.append(
+            f"{_bootstrap.LOG_ENV}={log!r} is not a log level; use one of "
+            f"{', '.join(_bootstrap.LOG_LEVELS)}"
+        )
+    if rebind and rebind.strip():
+        from .sweep import parse_prefixes
+
+        try:
+            parse_prefixes(rebind)
+        except (TypeError, ValueError) as error:
+            report.problems.append(f"{_bootstrap.REBIND_ENV}: {error}")
+    if not on:
+        return
+    if not report.site_processing:
+        report.problems.append(
+            "site processing is off (python -S): the .pth was not processed, so nothing was "
+            "activated at start-up; drop -S or call reloadpg_autopatch.monkey_patch_torch_dist()"
+        )
+    elif not report.pth["installed"]:
+        report.problems.append(
+            f"the gate is on but {_pth.PTH_NAME} is not installed in this interpreter's "
+            "site-packages: install the package into this environment"
+        )
+
+
+def _check_torch(report: Report, imports: list[str]) -> None:
+    for name in imports:
+        try:
+            importlib.import_module(name)
+            report.imports[name] = "ok"
+        except Exception as error:  # any import error is the user's to see, not ours to raise
+            report.imports[name] = f"{type(error).__name__}: {error}"
+            report.problems.append(f"--import {name} failed: {type(error).__name__}: {error}")
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as error:
+        report.torch = {"version": None, "patched": False}
+        report.problems.append(f"cannot import torch.distributed: {type(error).__name__}: {error}")
+        return
+    from . import patch
+
+    report.activation = _bootstrap.status()
+    patched = patch.is_patched()
+    report.torch = {
+        "version": torch.__version__,
+        "distributed_available": dist.is_available(),
+        "patched": patched,
+        "patched_functions": patch.patched_names(),
+        "outer_patch_on_new_group": patched
+        and dist.new_group is not patch.state().wrappers["new_group"],
+    }
+    if report.gate.get("verdict") == "on" and not patched and report.site_processing:
+        report.problems.append(
+            "the gate is on but torch.distributed is not patched: the .pth line did not run "
+            "or the patch failed (see the line it printed on stderr)"
+        )
+    if patched:
+        from .sweep import find_stale
+
+        for item in find_stale("*"):
+            report.stale.append({"module": item.module, "attribute": item.attribute})
+        if report.stale:
+            names = ", ".join(f"{s['module']}.{s['attribute']}" for s in report.stale[:10])
+            report.problems.append(
+                f"{len(report.stale)} stale reference(s) still hold torch's unpatched "
+                f"functions: {names}; add their packages to {_bootstrap.REBIND_ENV} or call "
+                "reloadpg_autopatch.rebind([...]) after importing them"
+            )
+    if dist.is_available():
+        from .group import forwarding_report
+
+        report.forwarding = forwarding_report()
+
+
+def diagnose(imports: list[str] | None = None) -> Report:
+    """Run every check in this interpreter."""
+    report = Report(
+        python=sys.version.split()[0],
+        executable=sys.executable,
+        site_processing=not sys.flags.no_site,
+    )
+    _check_install(report)
+    _check_gate(report)
+    _check_torch(report, list(imports or []))
+    return report
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def render(report: Report) -> str:
+    """The human-readable report."""
+    lines = [f"reloadpg_autopatch {report.version} doctor"]
+    lines.append(f"  python       {report.python} ({report.executable})")
+    lines.append(
+        f"  site         processing {'on' if report.site_processing else 'OFF (-S)'}; "
+        f"site-packages: {', '.join(report.site_dirs) or '-'}"
+    )
+    for label, info, name in (
+        (".pth", report.pth, _pth.PTH_NAME),
+        (".start", report.start, _pth.START_NAME),
+    ):
+        if info.get("installed"):
+            state = "current" if info["current"] else "DIFFERENT from this version"
+            lines.append(f"  {label:<12} installed: {info['path']} ({state})")
+        else:
+            lines.append(f"  {label:<12} not installed ({name})")
+    gate = report.gate
+    lines.append(f"  gate         {gate['variable']}={gate['value']!r} -> {gate['verdict']}")
+    for name, value in report.options.items():
+        if value is not None:
+            lines.append(f"  option       {name}={value!r}")
+    torch_info = report.torch
+    if torch_info.get("version"):
+        count = len(torch_info.get("patched_functions", []))
+        patched = f"yes ({count} functions)" if torch_info["patched"] else "no"
+        lines.append(
+            f"  torch        {torch_info['version']}; torch.distributed patched: {patched}"
+        )
+        if torch_info.get("outer_patch_on_new_group"):
+            lines.append("  layering     another patch wraps new_group on top of ours (it wraps)")
+    for name, outcome in report.imports.items():
+        lines.append(f"  import       {name}: {outcome}")
+    if torch_info.get("patched"):
+        if report.stale:
+            lines.append(f"  stale refs   {len(report.stale)}:")
+            lines.extend(f"                 {s['module']}.{s['attribute']}" for s in report.stale)
+        else:
+            lines.append(f"  stale refs   none in {len(sys.modules)} loaded modules")
+    if report.forwarding:
+        fwd = report.forwarding
+        lines.append(
+            f"  forwarding   ReloadableProcessGroup forwards {len(fwd['methods'])} methods and "
+            f"{len(fwd['properties'])} properties of this torch's ProcessGroup"
+        )
+        for label in ("methods", "properties", "inherited"):
+            text = f"{label}: {', '.join(fwd[label])}"
+            lines.append(
+                textwrap.fill(text, 96, initial_indent=" " * 17, subsequent_indent=" " * 19)
+            )
+    for note in report.notes:
+        lines.append(f"  note         {note}")
+    for problem in report.problems:
+        lines.append(f"  PROBLEM      {problem}")
+    lines.append(f"verdict: {report.verdict}")
+    return "\n".join(lines)
