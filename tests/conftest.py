@@ -33,3 +33,26 @@ def patched_world():
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> dict:
+    """An sdist and the wheel built *from* it (``python -m build``'s default), once a session."""
+    from tests._venv import build
+
+    out = tmp_path_factory.mktemp("dist")
+    files = build(out)
+    return {
+        "sdist": next(p for p in files if p.name.endswith(".tar.gz")),
+        "wheel": next(p for p in files if p.name.endswith(".whl")),
+    }
+
+
+@pytest.fixture(scope="session")
+def installed(built, tmp_path_factory):
+    """A fresh venv with the wheel installed, reusing this environment's torch and megatron."""
+    from tests._venv import make_venv
+
+    venv = make_venv(tmp_path_factory.mktemp("venv") / "installed")
+    venv.pip("install", "--no-deps", str(built["wheel"]))
+    return venv

@@ -1,0 +1,112 @@
+"""Fresh virtual environments with the package installed the way a user installs it.
+
+A venv made with ``--system-site-packages`` by a Python that itself runs in a venv would see
+the *base* interpreter's site-packages, not the test environment's torch. So each venv here is
+bare (``--without-pip``: pip runs from the test environment with ``--python``) and gets a path
+file naming the test environment's site-packages, whose name sorts before
+``reloadpg_autopatch.pth``: torch and megatron-core are importable when our line runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def clean_env(**overrides: str | None) -> dict[str, str]:
+    """The current environment without our variables or PYTHONPATH, plus ``overrides``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLIME_RELOADABLE_PG") and k not in ("PYTHONPATH", "PYTHONSTARTUP")
+    }
+    env["PYTHONWARNINGS"] = "ignore"
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+@dataclass
+class Venv:
+    root: Path
+    python: Path
+    purelib: Path
+
+    def run(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(self.python), *args],
+            env=env if env is not None else clean_env(),
+            cwd=str(cwd or self.root),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def script(self, source: str, *, timeout: float = 120, **env: str | None) -> dict:
+        """Run ``source`` (which prints one JSON object last) with the given variables."""
+        proc = self.run("-c", source, env=clean_env(**env), timeout=timeout)
+        if proc.returncode != 0:
+            raise AssertionError(f"script failed ({proc.returncode}):\n{proc.stderr}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result["_stderr"] = proc.stderr
+        return result
+
+    def pip(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(self.python), *args],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"pip {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+
+def make_venv(root: Path, *, reuse_test_packages: bool = True) -> Venv:
+    """A bare venv; with ``reuse_test_packages`` it also sees this environment's packages."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    purelib = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    if reuse_test_packages:
+        outer = sysconfig.get_paths()["purelib"]
+        (purelib / "00-reloadpg-test-outer-site.pth").write_text(outer + "\n", encoding="utf-8")
+    return Venv(root, python, purelib)
+
+
+def build(out: Path, *flags: str) -> list[Path]:
+    """``python -m build`` this checkout into ``out`` (isolated, as pip and CI build it)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", *flags, "--outdir", str(out), str(ROOT)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"python -m build failed:\n{proc.stdout}\n{proc.stderr}")
+    return sorted(out.iterdir())

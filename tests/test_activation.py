@@ -1,0 +1,201 @@
+"""Start-up activation in fresh interpreters of a venv where the wheel is installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests._venv import ROOT, clean_env, make_venv
+
+pytestmark = pytest.mark.timeout(300)
+
+# Cheap: no torch import, so ten gate values cost ten bare interpreter starts.
+GATE_PROBE = r"""
+import json, sys
+print(json.dumps({
+    "loaded": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "hooked": any(type(f).__module__ == "reloadpg_autopatch._hook" for f in sys.meta_path),
+}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("value", "activates", "warns"),
+    [
+        ("1", True, False),
+        ("TRUE", True, False),
+        (" yes ", True, False),
+        ("on", True, False),
+        ("", False, False),
+        ("0", False, False),
+        ("off", False, False),
+        ("2", False, True),
+        ("maybe", False, True),
+        ("1; import os", False, True),
+    ],
+)
+def test_gate_values(installed, value, activates, warns) -> None:
+    proc = installed.run("-c", GATE_PROBE, env=clean_env(SLIME_RELOADABLE_PG=value))
+    assert proc.returncode == 0
+    import json
+
+    result = json.loads(proc.stdout)
+    assert result["hooked"] is activates
+    if not activates and not warns:
+        assert result["loaded"] == []  # nothing of ours is even imported
+    lines = proc.stderr.splitlines()
+    if warns:
+        assert len(lines) == 1, proc.stderr
+        assert lines[0].startswith("reloadpg_autopatch: SLIME_RELOADABLE_PG=")
+        assert repr(value) in lines[0]
+        assert "1, true, yes, on" in lines[0]
+    else:
+        assert lines == []
+
+
+def test_processing_the_pth_twice_activates_once(installed) -> None:
+    # A venv processes .pth files twice on some Pythons (cpython#75723); so can a re-run of site.
+    source = (
+        "import json, site, sys; site.addsitedir(sys.argv[1]); "
+        "print(json.dumps({'hooks': sum(type(f).__module__ == 'reloadpg_autopatch._hook' "
+        "for f in sys.meta_path)}))"
+    )
+    for gate, warnings in (("1", 0), ("maybe", 1)):
+        proc = installed.run(
+            "-c", source, str(installed.purelib), env=clean_env(SLIME_RELOADABLE_PG=gate)
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert '"hooks": ' + ("1" if gate == "1" else "0") in proc.stdout
+        assert len(proc.stderr.splitlines()) == warnings, proc.stderr
+
+
+@pytest.mark.parametrize("broken", ["missing", "raises", "syntax"])
+def test_a_broken_package_never_stops_the_interpreter(tmp_path, broken) -> None:
+    venv = make_venv(tmp_path / "broken", reuse_test_packages=False)
+    (venv.purelib / "reloadpg_autopatch.pth").write_text(
+        (ROOT / "reloadpg_autopatch.pth").read_text()
+    )
+    if broken != "missing":
+        package = venv.purelib / "reloadpg_autopatch"
+        package.mkdir()
+        body = "raise RuntimeError('broken copy')\n" if broken == "raises" else "def (:\n"
+        (package / "__init__.py").write_text(body)
+    proc = venv.run("-c", "print(1)", env=clean_env(SLIME_RELOADABLE_PG="1"))
+    assert proc.returncode == 0
+    assert proc.stdout == "1\n"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("reloadpg_autopatch")
+
+
+def test_a_failing_patch_is_reported_once_and_torch_still_imports(installed) -> None:
+    result = installed.script(
+        "import json, torch.distributed as d; d.init_process_group; "
+        "print(json.dumps({'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__')}))",
+        SLIME_RELOADABLE_PG="1",
+        SLIME_RELOADABLE_PG_INJECT_FAILURE="patch",
+    )
+    assert result["patched"] is False
+    lines = result["_stderr"].splitlines()
+    assert len(lines) == 1, result["_stderr"]
+    assert "failure injected" in lines[0]
+    assert lines[0].startswith("reloadpg_autopatch: patching torch.distributed failed")
+
+
+THREADS = r"""
+import json, threading
+errors = []
+def load(name):
+    try:
+        __import__(name)
+    except BaseException as error:
+        errors.append(repr(error))
+threads = [threading.Thread(target=load, args=(n,)) for n in ("torch.distributed", "megatron.core")]
+for t in threads: t.start()
+for t in threads: t.join(timeout=120)
+alive = [t.is_alive() for t in threads]
+import torch.distributed as dist
+import megatron.core.tensor_parallel.mappings as mappings
+print(json.dumps({
+    "alive": alive, "errors": errors,
+    "patched": hasattr(dist.all_gather_into_tensor, "__reloadpg_autopatch__"),
+    "megatron_binding": hasattr(mappings.dist_all_gather_func, "__reloadpg_autopatch__"),
+}))
+"""
+
+
+def test_concurrent_imports_do_not_deadlock(installed) -> None:
+    result = installed.script(THREADS, SLIME_RELOADABLE_PG="1", timeout=200)
+    assert result["alive"] == [False, False]
+    assert result["errors"] == []
+    assert result["patched"]
+    assert result["megatron_binding"]
+
+
+def test_start_file_entry_point_resolves_and_activates(installed) -> None:
+    source = (
+        "import json, os, pkgutil, sys\n"
+        f"entry = open({str(installed.purelib / 'reloadpg_autopatch.start')!r}).read().strip()\n"
+        "callable_ = pkgutil.resolve_name(entry)\n"
+        "os.environ['SLIME_RELOADABLE_PG'] = '1'\n"
+        "callable_()\n"
+        "import torch.distributed as d\n"
+        "print(json.dumps({'entry': entry, "
+        "'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__')}))\n"
+    )
+    result = installed.script(source)  # gate off at start-up: only the entry point activates
+    assert result["entry"] == "reloadpg_autopatch._bootstrap:activate_from_site"
+    assert result["patched"]
+
+
+def test_rebind_and_log_variables(installed, tmp_path) -> None:
+    (tmp_path / "myframework").mkdir()
+    (tmp_path / "myframework" / "__init__.py").write_text(
+        "from torch.distributed.distributed_c10d import all_reduce\n"
+    )
+    source = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import myframework, torch.distributed\n"
+        "import reloadpg_autopatch\n"
+        "reloadpg_autopatch.monkey_patch_torch_dist(__import__('os').environ.get("
+        "'SLIME_RELOADABLE_PG_REBIND'))\n"
+        "print(json.dumps({'rebound': hasattr(myframework.all_reduce, '__reloadpg_autopatch__')}))"
+    )
+    result = installed.script(
+        source,
+        SLIME_RELOADABLE_PG="1",
+        SLIME_RELOADABLE_PG_REBIND="megatron,myframework",
+        SLIME_RELOADABLE_PG_LOG="info",
+    )
+    assert result["rebound"]
+    assert "reloadpg_autopatch INFO: patched" in result["_stderr"]
+    assert "reloadpg_autopatch INFO: rebound 1 stale reference" in result["_stderr"]
+
+    bad = installed.script(
+        "import json, torch.distributed as d; "
+        "print(json.dumps({'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__')}))",
+        SLIME_RELOADABLE_PG="1",
+        SLIME_RELOADABLE_PG_REBIND="megatron;rm",
+        SLIME_RELOADABLE_PG_LOG="LOUD",
+    )
+    assert bad["patched"]  # a bad option never costs the patch itself
+    lines = bad["_stderr"].splitlines()
+    assert len(lines) == 2, bad["_stderr"]
+    assert "SLIME_RELOADABLE_PG_LOG='LOUD' is not a log level" in lines[0]
+    assert "SLIME_RELOADABLE_PG_REBIND" in lines[1]
+    assert "not a module name" in lines[1]
+
+
+def test_import_of_the_package_does_not_import_torch() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, reloadpg_autopatch; print('torch' in sys.modules)"],
+        env=clean_env(),
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.strip() == "False", proc.stderr

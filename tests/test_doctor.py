@@ -1,0 +1,85 @@
+"""``python -m reloadpg_autopatch doctor`` in a venv where the wheel is installed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests._venv import clean_env
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def doctor(venv, *args: str, flags: tuple[str, ...] = (), **env: str | None):
+    proc = venv.run(*flags, "-m", "reloadpg_autopatch", "doctor", *args, env=clean_env(**env))
+    return proc
+
+
+def test_healthy_install_exits_zero_and_says_what_is_patched(installed) -> None:
+    proc = doctor(
+        installed,
+        "--import",
+        "megatron.core",
+        "megatron.core.tensor_parallel",
+        SLIME_RELOADABLE_PG="1",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "verdict: healthy" in out
+    assert "torch.distributed patched: yes" in out
+    assert "stale refs   none" in out
+    assert "all_gather_single" in out  # a forwarded method, named
+    assert str(installed.purelib / "reloadpg_autopatch.pth") in out
+
+    report = json.loads(doctor(installed, "--json", SLIME_RELOADABLE_PG="1").stdout)
+    assert report["verdict"] == "healthy"
+    assert report["torch"]["patched"] is True
+    assert "all_gather_single" in report["torch"]["patched_functions"]
+    assert report["gate"] == {"variable": "SLIME_RELOADABLE_PG", "value": "1", "verdict": "on"}
+    assert report["pth"]["installed"]
+    assert report["pth"]["current"]
+    assert report["start"]["installed"]
+    assert "reduce_scatter_single" in report["forwarding"]["methods"]
+
+
+def test_gate_off_is_healthy_but_says_inactive(installed) -> None:
+    proc = doctor(installed)
+    assert proc.returncode == 0
+    assert "torch.distributed patched: no" in proc.stdout
+    assert "verdict: healthy, inactive (gate off)" in proc.stdout
+
+
+def test_stale_reference_exits_one_and_names_it(installed, tmp_path) -> None:
+    (tmp_path / "stale_probe.py").write_text(
+        "from torch.distributed.distributed_c10d import all_reduce as bound_all_reduce\n"
+    )
+    proc = doctor(
+        installed, "--import", "stale_probe", SLIME_RELOADABLE_PG="1", PYTHONPATH=str(tmp_path)
+    )
+    assert proc.returncode == 1, proc.stdout
+    assert "stale_probe.bound_all_reduce" in proc.stdout
+    assert "SLIME_RELOADABLE_PG_REBIND" in proc.stdout
+
+
+def test_invalid_gate_and_failed_import_are_problems(installed) -> None:
+    proc = doctor(installed, "--import", "no_such_module_xyz", SLIME_RELOADABLE_PG="maybe")
+    assert proc.returncode == 1
+    assert "-> invalid" in proc.stdout
+    assert "--import no_such_module_xyz failed: ModuleNotFoundError" in proc.stdout
+
+
+def test_site_disabled_reports_the_pth_was_not_processed(installed) -> None:
+    import sysconfig
+
+    path = f"{installed.purelib}:{sysconfig.get_paths()['purelib']}"
+    proc = doctor(installed, flags=("-S",), SLIME_RELOADABLE_PG="1", PYTHONPATH=path)
+    assert proc.returncode == 1
+    assert "processing OFF (-S)" in proc.stdout
+    assert "reloadpg_autopatch.pth was not processed" in proc.stdout
+    assert "torch.distributed patched: no" in proc.stdout
+
+
+def test_usage_errors_exit_two(installed) -> None:
+    assert doctor(installed, "--bogus").returncode == 2
+    assert installed.run("-m", "reloadpg_autopatch", env=clean_env()).returncode == 2
