@@ -132,7 +132,9 @@ def activate(source: str = "api") -> None:
         return
     from . import _hook
 
-    _hook.install("torch.distributed", patch_now)
+    # The patch is built from our own modules: if one of them is what imports torch, wait
+    # until it has finished importing.
+    _hook.install("torch.distributed", patch_now, defer_prefix=__package__ + ".")
 
 
 def activate_from_site() -> None:

@@ -1,25 +1,30 @@
 """A meta-path finder that runs a callback right after one module finishes executing.
 
 Installed at start-up, it must cost nothing until that module is imported: its ``find_spec``
-returns at the first string comparison for every other name, and this file imports nothing
-beyond the builtin ``_thread``. It finds the real spec by asking the other finders on
-``sys.meta_path`` directly (editable-install finders, the path finder with its zipimport and
-namespace-package support all keep working), never through ``importlib.util.find_spec``, which
-would re-enter the import system. The loader is proxied only for the duration of
-``exec_module``; the module's ``__loader__`` and ``__spec__.loader`` are restored before the
-callback runs, outside our lock.
+returns after a string comparison for every other name, and this file imports nothing beyond
+the builtin ``_thread``. It finds the real spec by asking the other finders on ``sys.meta_path``
+directly (editable-install finders, the path finder with its zipimport and namespace-package
+support all keep working), never through ``importlib.util.find_spec``, which would re-enter the
+import system. The loader is proxied only for the duration of ``exec_module``; the module's
+``__loader__`` and ``__spec__.loader`` are restored before the callback runs, outside our lock.
+
+The callback (the patch) is built from this package's own modules, so it cannot run while one
+of them is half-imported: that happens when *our* module is the first to import torch. With
+``defer_prefix`` the finder also watches the modules under that prefix and, if any of them is
+still initializing when the target finishes, runs the callback as soon as the last one is done.
 """
 
 import sys
-from _thread import allocate_lock
+from _thread import allocate_lock, get_ident
 
 
 class _LoaderProxy:
-    """Delegates to the real loader and fires the hook after a successful ``exec_module``."""
+    """Delegates to the real loader and reports a successful ``exec_module`` to the finder."""
 
-    def __init__(self, finder: "_Finder", loader: object) -> None:
+    def __init__(self, finder: "_Finder", loader: object, is_target: bool) -> None:
         self._finder = finder
         self._loader = loader
+        self._is_target = is_target
 
     def create_module(self, spec: object) -> object:
         create = getattr(self._loader, "create_module", None)
@@ -34,7 +39,7 @@ class _LoaderProxy:
                 spec.loader = self._loader
             if getattr(module, "__loader__", None) is self:
                 module.__loader__ = self._loader
-        self._finder.fired(module)
+        self._finder.executed(module, self._is_target)
 
     def __getattr__(self, name: str) -> object:
         # get_source, get_filename, is_package, get_resource_reader... of the real loader.
@@ -44,20 +49,27 @@ class _LoaderProxy:
 class _Finder:
     """Watches for one module name; removes itself once the callback has run."""
 
-    def __init__(self, name: str, callback: object) -> None:
+    def __init__(self, name: str, callback: object, defer_prefix: "str | None") -> None:
         self.name = name
         self.callback = callback
+        self.defer_prefix = defer_prefix
         self._lock = allocate_lock()
+        self._asking: set = set()  # (thread, name) pairs we are resolving ourselves
+        self._target_done = False
         self._done = False
-        self._busy = False
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
-        if fullname != self.name:
+        if fullname == self.name:
+            is_target = True
+        elif self.defer_prefix is not None and fullname.startswith(self.defer_prefix):
+            is_target = False
+        else:
             return None
+        key = (get_ident(), fullname)
         with self._lock:
-            if self._done or self._busy:
-                return None  # fired already, or we are asking the other finders ourselves
-            self._busy = True
+            if self._done or key in self._asking:
+                return None
+            self._asking.add(key)
         try:
             spec = None
             for finder in list(sys.meta_path):
@@ -71,36 +83,56 @@ class _Finder:
                     break
         finally:
             with self._lock:
-                self._busy = False
+                self._asking.discard(key)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _LoaderProxy(self, spec.loader)
+        spec.loader = _LoaderProxy(self, spec.loader, is_target)
         return spec
 
-    def fired(self, module: object) -> None:
+    def _blocked(self, finished: object) -> bool:
+        """Whether a module under ``defer_prefix`` other than ``finished`` is mid-import."""
+        prefix = self.defer_prefix
+        if prefix is None:
+            return False
+        for name, module in list(sys.modules.items()):
+            if module is finished or not name.startswith(prefix):
+                continue
+            if getattr(getattr(module, "__spec__", None), "_initializing", False):
+                return True
+        return False
+
+    def executed(self, module: object, is_target: bool) -> None:
         with self._lock:
             if self._done:
                 return
+            if is_target:
+                self._target_done = True
+            if not self._target_done or self._blocked(module):
+                return
             self._done = True
         uninstall(self)
+        target = sys.modules.get(self.name, module if is_target else None)
         parent, _, child = self.name.rpartition(".")
         parent_module = sys.modules.get(parent) if parent else None
-        if parent_module is not None and not hasattr(parent_module, child):
+        if target is not None and parent_module is not None and not hasattr(parent_module, child):
             # The import system sets this only after exec_module returns; the callback may
             # already look the submodule up as an attribute of its package.
-            setattr(parent_module, child, module)
+            setattr(parent_module, child, target)
         try:
             self.callback()
         except Exception as error:  # the import that triggered us must still succeed
             sys.stderr.write(f"reloadpg_autopatch: import hook failed: {error!r}\n")
 
 
-def install(name: str, callback: object) -> "_Finder":
-    """Run ``callback()`` once, right after module ``name`` has executed."""
+def install(name: str, callback: object, defer_prefix: "str | None" = None) -> "_Finder":
+    """Run ``callback()`` once, right after module ``name`` has executed.
+
+    With ``defer_prefix``, wait until no module whose name starts with it is mid-import.
+    """
     for finder in sys.meta_path:
         if isinstance(finder, _Finder) and finder.name == name and not finder._done:
             return finder
-    finder = _Finder(name, callback)
+    finder = _Finder(name, callback, defer_prefix)
     sys.meta_path.insert(0, finder)
     return finder
 

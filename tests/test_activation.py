@@ -134,6 +134,25 @@ def test_concurrent_imports_do_not_deadlock(installed) -> None:
     assert result["megatron_binding"]
 
 
+@pytest.mark.parametrize(
+    "first_import",
+    [
+        "import reloadpg_autopatch; reloadpg_autopatch.ReloadableProcessGroup",
+        "from reloadpg_autopatch import world",
+        "import reloadpg_autopatch.lifecycle",
+        "from reloadpg_autopatch.bindings import find_bindings, check; check(find_bindings())",
+    ],
+)
+def test_our_own_module_may_be_the_first_to_import_torch(installed, first_import) -> None:
+    result = installed.script(
+        f"import json\n{first_import}\nimport torch.distributed as d\n"
+        "print(json.dumps({'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__')}))",
+        SLIME_RELOADABLE_PG="1",
+    )
+    assert result["patched"]
+    assert result["_stderr"] == ""
+
+
 def test_start_file_entry_point_resolves_and_activates(installed) -> None:
     source = (
         "import json, os, pkgutil, sys\n"

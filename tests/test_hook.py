@@ -22,6 +22,9 @@ def tree(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "target.py").write_text("import sys\nVALUE = 41\nSEEN_LOADER = __loader__\n")
     (pkg / "broken.py").write_text("raise ImportError('broken on purpose')\n")
+    # A watched module whose import pulls in the target half-way through, like our group.py.
+    (pkg / "outer.py").write_text("from hookprobe_pkg import inner\nDONE = True\n")
+    (pkg / "inner.py").write_text("import hookprobe_pkg.target\nDONE = True\n")
     ns = tmp_path / "hookprobe_ns"
     ns.mkdir()
     (ns / "leaf.py").write_text("VALUE = 'ns'\n")
@@ -56,6 +59,21 @@ def test_callback_runs_once_after_the_module_executed_and_the_hook_leaves(tree) 
     importlib_reload = __import__("importlib").reload
     importlib_reload(target)
     assert seen == [41]
+
+
+def test_callback_waits_for_half_imported_modules_under_the_defer_prefix(tree) -> None:
+    seen = []
+
+    def callback() -> None:
+        outer = sys.modules["hookprobe_pkg.outer"]
+        seen.append(getattr(outer, "DONE", False))
+
+    finder = _hook.install("hookprobe_pkg.target", callback, defer_prefix="hookprobe_pkg.")
+    import hookprobe_pkg.outer
+
+    assert seen == [True]  # ran only once outer (and inner) had finished executing
+    assert finder not in sys.meta_path
+    assert hookprobe_pkg.outer.DONE
 
 
 def test_namespace_packages_and_zipimport_still_load(tree) -> None:
