@@ -1,0 +1,239 @@
+"""Start N ranks as fresh interpreters on one machine and watch them until they all finish.
+
+The launcher owns the rendezvous ``TCPStore`` (port 0 lets the kernel pick a free one), so a
+busy port is reported before any rank starts. Ranks talk back through tagged JSON lines on
+stdout (``emit``). Any rank that exits non-zero, or any rank still running at the deadline,
+stops every rank and raises ``LaunchError`` naming the rank: a multi-process run never hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+EVENT_TAG = "@reloadpg_autopatch "
+HOST = "127.0.0.1"
+
+
+class LaunchError(RuntimeError):
+    """A rank failed, died or hung; ``rank`` names it when one rank is to blame."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class PortInUse(LaunchError):
+    """The requested rendezvous port is taken."""
+
+
+@dataclass
+class RankOutcome:
+    """What one rank reported and how it ended."""
+
+    rank: int
+    returncode: int | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    stderr: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
+
+
+# ---- rank side -------------------------------------------------------------------------
+
+
+def emit(event: dict[str, Any]) -> None:
+    """Report an event to the launcher (one tagged JSON line on stdout)."""
+    sys.stdout.write(EVENT_TAG + json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def rank_parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser that already knows the options the launcher passes to each rank."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--host", default=HOST)
+    parser.add_argument("--port", type=int, required=True)
+    return parser
+
+
+def init_rank(args: argparse.Namespace, backend: str = "gloo", timeout: float = 30.0) -> None:
+    """Join the launcher's store and initialise WORLD on ``backend``."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        args.host,
+        args.port,
+        args.world_size,
+        is_master=False,
+        timeout=timedelta(seconds=timeout),
+    )
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=args.rank,
+        world_size=args.world_size,
+        timeout=timedelta(seconds=timeout),
+    )
+
+
+# ---- launcher side ---------------------------------------------------------------------
+
+
+def _store_server(host: str, port: int, world_size: int) -> Any:
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False)
+    except Exception as error:
+        text = str(error).lower()
+        if port and ("in use" in text or "address already" in text or "bind" in text):
+            raise PortInUse(
+                f"port {port} on {host} is already in use; choose another with --port, or "
+                "leave --port out to use a free one"
+            ) from error
+        raise LaunchError(f"cannot start the rendezvous store on {host}:{port}: {error}") from error
+
+
+def _read(stream: Any, rank: int, channel: str, events: queue.Queue) -> None:
+    for line in stream:
+        events.put((rank, channel, line.rstrip("\n")))
+    events.put((rank, "eof", channel))
+
+
+def _stop(procs: Sequence[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+def _tail(outcome: RankOutcome, lines: int = 12) -> str:
+    text = "\n".join(list(outcome.stderr)[-lines:])
+    return f"\n--- rank {outcome.rank} stderr (last lines) ---\n{text}" if text else ""
+
+
+def launch(
+    command: Sequence[str],
+    world_size: int,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,
+    port: int = 0,
+    host: str = HOST,
+    on_event: Callable[[int, dict[str, Any]], None] | None = None,
+    cwd: str | None = None,
+) -> list[RankOutcome]:
+    """Run ``command --rank R --world-size N --host H --port P`` for every rank.
+
+    Returns each rank's events once all ranks exited with code 0. Raises ``PortInUse`` for a
+    taken ``port`` and ``LaunchError`` for a rank that failed, died or outlived ``timeout``.
+    """
+    server = _store_server(host, port, world_size)
+    outcomes = [RankOutcome(rank) for rank in range(world_size)]
+    lines: queue.Queue = queue.Queue()
+    procs: list[subprocess.Popen] = []
+    try:
+        for rank in range(world_size):
+            argv = [*command, "--rank", str(rank), "--world-size", str(world_size)]
+            argv += ["--host", host, "--port", str(server.port)]
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env if env is not None else dict(os.environ),
+                cwd=cwd,
+            )
+            procs.append(proc)
+            for channel, stream in (("out", proc.stdout), ("err", proc.stderr)):
+                threading.Thread(
+                    target=_read, args=(stream, rank, channel, lines), daemon=True
+                ).start()
+        _watch(procs, outcomes, lines, timeout, on_event)
+    finally:
+        _stop(procs)
+        del server
+    return outcomes
+
+
+def _watch(
+    procs: Sequence[subprocess.Popen],
+    outcomes: list[RankOutcome],
+    lines: queue.Queue,
+    timeout: float,
+    on_event: Callable[[int, dict[str, Any]], None] | None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    open_streams = 2 * len(procs)
+    while open_streams:
+        try:
+            rank, channel, line = lines.get(timeout=0.2)
+        except queue.Empty:
+            rank = None
+        if rank is not None:
+            outcome = outcomes[rank]
+            if channel == "eof":
+                open_streams -= 1
+            elif channel == "out" and line.startswith(EVENT_TAG):
+                event = json.loads(line[len(EVENT_TAG) :])
+                outcome.events.append(event)
+                if on_event is not None:
+                    on_event(rank, event)
+            elif line:
+                outcome.stderr.append(line)
+        for outcome, proc in zip(outcomes, procs, strict=True):
+            code = proc.poll()
+            if code is not None and code != 0 and outcome.returncode is None:
+                outcome.returncode = code
+                _drain(lines, outcomes)
+                reason = _failure_reason(outcome)
+                raise LaunchError(
+                    f"rank {outcome.rank} failed (exit code {code}): {reason}{_tail(outcome)}",
+                    rank=outcome.rank,
+                )
+        if time.monotonic() > deadline:
+            running = [o.rank for o, p in zip(outcomes, procs, strict=True) if p.poll() is None]
+            raise LaunchError(
+                f"ranks {running} did not finish within {timeout:.0f} s; stopped them all",
+                rank=running[0] if len(running) == 1 else None,
+            )
+    for outcome, proc in zip(outcomes, procs, strict=True):
+        outcome.returncode = proc.wait()
+
+
+def _drain(lines: queue.Queue, outcomes: list[RankOutcome], grace: float = 1.0) -> None:
+    # Let a dying rank's last words (its error event, its traceback) arrive before we report.
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        try:
+            rank, channel, line = lines.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if channel == "out" and line.startswith(EVENT_TAG):
+            outcomes[rank].events.append(json.loads(line[len(EVENT_TAG) :]))
+        elif channel != "eof" and line:
+            outcomes[rank].stderr.append(line)
+
+
+def _failure_reason(outcome: RankOutcome) -> str:
+    for event in reversed(outcome.events):
+        if event.get("type") == "error":
+            return str(event.get("message"))
+    if outcome.returncode is not None and outcome.returncode < 0:
+        return f"killed by signal {-outcome.returncode}"
+    last = [line for line in outcome.stderr if line.strip()]
+    return last[-1] if last else "no output"
