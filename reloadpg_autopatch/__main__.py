@@ -29,7 +29,58 @@ def _parser() -> argparse.ArgumentParser:
         help="import these modules first (as the training process would), then check them",
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    demo = commands.add_parser(
+        "demo", help="destroy and reload Megatron's groups on N CPU ranks (the main job)"
+    )
+    demo.add_argument("--world-size", type=int, default=4, metavar="N", help="ranks (default 4)")
+    demo.add_argument(
+        "--cycles", type=int, default=3, metavar="K", help="destroy/reload cycles (default 3)"
+    )
+    demo.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    demo.add_argument(
+        "--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default: a free one)"
+    )
+    demo.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds before every rank is stopped"
+    )
+    demo.add_argument("--json", action="store_true", help="print one JSON report at the end")
+    demo.add_argument(
+        "--inject-failure",
+        type=int,
+        metavar="RANK",
+        help="testing: make RANK die in the first cycle, to see the demo stop and name it",
+    )
     return parser
+
+
+def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.world_size < 1:
+        parser.error(f"--world-size must be at least 1, got {args.world_size}")
+    if args.cycles < 0:
+        parser.error(f"--cycles must be 0 or more, got {args.cycles}")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be 0 (any free port) or 1-65535, got {args.port}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive, got {args.timeout}")
+    if args.inject_failure is not None and not 0 <= args.inject_failure < args.world_size:
+        parser.error(f"--inject-failure must name a rank from 0 to {args.world_size - 1}")
+    from .demo import run_demo
+    from .launch import PortInUse
+
+    try:
+        return run_demo(
+            args.world_size,
+            args.cycles,
+            args.backend,
+            port=args.port,
+            timeout=args.timeout,
+            as_json=args.json,
+            inject_failure=args.inject_failure,
+        )
+    except PortInUse as error:
+        print(f"{parser.prog} demo: error: {error}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         report = diagnose(args.imports)
         print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
         return 1 if report.problems else 0
+    if args.command == "demo":
+        return _demo(parser, args)
     parser.print_usage(sys.stderr)
     print(f"{parser.prog}: error: choose a command: doctor or demo", file=sys.stderr)
     return 2
