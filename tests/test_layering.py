@@ -5,64 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests._ranks import Rank, run_ranks
+from tests.programs import slime_like
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _apply_slime_like_patch():
-    """A minimal model of slime's late patch: its own wrapper class with the pre-2.13 method
-    names only, a ``new_group`` that wraps whatever the previous ``new_group`` returns, and
-    collectives that unwrap its class and call the previous function. Written for this test."""
-    import torch.distributed as dist
-
-    class SlimeLikeGroup(dist.ProcessGroup):
-        def __init__(self, group, args, kwargs):
-            super().__init__(group.rank(), group.size())
-            self.group = group
-            self.args, self.kwargs = args, kwargs
-
-        def allreduce(self, *a, **k):
-            return self.group.allreduce(*a, **k)
-
-        def _allgather_base(self, *a, **k):
-            return self.group._allgather_base(*a, **k)
-
-        def rank(self):
-            return self.group.rank()
-
-        def size(self):
-            return self.group.size()
-
-    previous_new_group = dist.new_group
-    created = []
-
-    def new_group(*args, **kwargs):
-        group = SlimeLikeGroup(previous_new_group(*args, **kwargs), args, kwargs)
-        created.append(group)
-        return group
-
-    def unwrapping(func):
-        def wrapper(*args, **kwargs):
-            args = tuple(a.group if isinstance(a, SlimeLikeGroup) else a for a in args)
-            kwargs = {k: v.group if isinstance(v, SlimeLikeGroup) else v for k, v in kwargs.items()}
-            return func(*args, **kwargs)
-
-        return wrapper
-
-    for name in ("all_reduce", "all_gather_into_tensor", "barrier", "get_rank"):
-        setattr(dist, name, unwrapping(getattr(dist, name)))
-    dist.new_group = new_group
-
-    def destroy():
-        for group in created:
-            dist.destroy_process_group(group.group)
-            group.group = None
-
-    def reload():
-        for group in created:
-            group.group = previous_new_group(*group.args, **group.kwargs)
-
-    return SlimeLikeGroup, destroy, reload
 
 
 def _layered(ctx: Rank) -> dict:
@@ -83,7 +28,7 @@ def _layered(ctx: Rank) -> dict:
     bound_all_gather = dist.all_gather_into_tensor  # a Megatron-style binding of our wrapper
     records_before = len(registry.current().records)
 
-    slime_class, slime_destroy, slime_reload = _apply_slime_like_patch()
+    slime_class, slime_destroy, slime_reload = slime_like.apply()
     theirs = dist.new_group([0, 1])
     out = {
         "theirs_type": type(theirs).__name__,
