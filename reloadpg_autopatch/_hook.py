@@ -33,13 +33,21 @@ class _LoaderProxy:
     def exec_module(self, module: object) -> None:
         try:
             self._loader.exec_module(module)
-        finally:
-            spec = getattr(module, "__spec__", None)
-            if spec is not None and spec.loader is self:
-                spec.loader = self._loader
-            if getattr(module, "__loader__", None) is self:
-                module.__loader__ = self._loader
+        except BaseException:
+            self._restore(module)
+            if not self._is_target:
+                # A module of ours that held the patch back failed: it no longer does.
+                self._finder.executed(module, False)
+            raise
+        self._restore(module)
         self._finder.executed(module, self._is_target)
+
+    def _restore(self, module: object) -> None:
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._loader
 
     def __getattr__(self, name: str) -> object:
         # get_source, get_filename, is_package, get_resource_reader... of the real loader.
@@ -90,7 +98,14 @@ class _Finder:
         return spec
 
     def _blocked(self, finished: object) -> bool:
-        """Whether a module under ``defer_prefix`` other than ``finished`` is mid-import."""
+        """Whether a module under ``defer_prefix`` other than ``finished`` is mid-import.
+
+        Any thread's import counts. Building the patch in this thread while another thread
+        holds one of our modules half-imported would meet that module's import lock held
+        against us, and the import system resolves such a cycle with a half-initialized
+        module. Waiting instead costs this thread a short unpatched window, which the sweep
+        run by the patch (Megatron's bindings by default) closes when the other import ends.
+        """
         prefix = self.defer_prefix
         if prefix is None:
             return False
