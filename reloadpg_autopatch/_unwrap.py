@@ -21,29 +21,31 @@ def unwrap(group: Any) -> Any:
     are unwrapped recursively. A wrapper whose native group is gone raises ``RuntimeError``
     rather than handing torch ``None``, which torch would silently read as the default group.
     """
+    cls = type(group)
+    if cls is _Native or group is None:
+        return group
+    if cls is ReloadableProcessGroup:
+        inner = group.group
+        if inner is not None:
+            return inner
+    return _unwrap_nested(group)
+
+
+def _unwrap_nested(group: Any) -> Any:
     for _ in range(_MAX_DEPTH):
         cls = type(group)
         if cls is _Native or group is None:
             return group
-        if cls is ReloadableProcessGroup:
-            inner = group.group
-            if inner is None:
-                raise group.destroyed_error("passed to torch.distributed")
-            group = inner
-            continue
         if not isinstance(group, _Native):
             return group
-        if isinstance(group, ReloadableProcessGroup):
-            inner = group.group
-            if inner is None:
+        inner = getattr(group, "group", _MISSING)
+        if inner is None:
+            if isinstance(group, ReloadableProcessGroup):
                 raise group.destroyed_error("passed to torch.distributed")
-        else:
-            inner = getattr(group, "group", _MISSING)
-            if inner is None:
-                raise RuntimeError(
-                    f"{cls.__name__} {group!r} has no native group (its .group is None): it "
-                    "was destroyed; reload it before passing it to torch.distributed"
-                )
+            raise RuntimeError(
+                f"{cls.__name__} {group!r} has no native group (its .group is None): it "
+                "was destroyed; reload it before passing it to torch.distributed"
+            )
         if inner is group or not isinstance(inner, _Native):
             return group
         group = inner

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import keyword
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -82,7 +83,13 @@ def _source_for(
     call: list[str] = []
     saw_star = False
     positional_only = 0
+    # From the first group parameter on, pass by keyword: torch's _exception_logger reads the
+    # group from the keyword arguments when it logs a failure.
+    by_keyword = False
+    group_names = tuple(group_names)
+    keywords_allowed = all(p.kind is not _P.VAR_POSITIONAL for p in signature.parameters.values())
     for index, param in enumerate(signature.parameters.values()):
+        by_keyword = by_keyword or (keywords_allowed and param.name in group_names)
         default = ""
         if param.default is not _EMPTY:
             slot = f"__rpg_default_{index}"
@@ -94,7 +101,7 @@ def _source_for(
             call.append(param.name)
         elif param.kind is _P.POSITIONAL_OR_KEYWORD:
             params.append(param.name + default)
-            call.append(param.name)
+            call.append(f"{param.name}={param.name}" if by_keyword else param.name)
         elif param.kind is _P.VAR_POSITIONAL:
             saw_star = True
             params.append("*" + param.name)
@@ -113,9 +120,12 @@ def _source_for(
 
     body = []
     for group in group_names:
+        # Native groups cost one identity test; our own wrapper is unwrapped inline (a live
+        # one holds a native group in .group); anything else goes to the full unwrap.
         body.append(
             f"    if {group} is not None and __rpg_type({group}) is not __rpg_native:\n"
-            f"        {group} = __rpg_unwrap({group})\n"
+            f"        __rpg_inner = {group}.group if __rpg_type({group}) is __rpg_fast else None\n"
+            f"        {group} = __rpg_inner if __rpg_inner is not None else __rpg_unwrap({group})\n"
         )
     for index, param_name in enumerate(converters):
         slot = f"__rpg_convert_{index}"
@@ -134,29 +144,35 @@ def generate(
     converters: Mapping[str, Callable[[Any], Any]] | None = None,
     native_type: type,
     unwrap: Callable[[Any], Any],
+    fast_type: type | None = None,
     name: str | None = None,
 ) -> Callable[..., Any]:
     """Return a wrapper of ``func`` with its exact signature that converts some arguments.
 
     ``group_names`` are unwrapped with ``unwrap`` unless they are ``None`` or exactly
-    ``native_type`` (the hot path: one identity test). ``converters`` map other parameter names
+    ``native_type`` (the hot path: one identity test); an exact ``fast_type`` instance whose
+    ``.group`` is set is unwrapped inline. ``converters`` map other parameter names
     to a function applied unconditionally. ``target`` is what the wrapper calls (default
     ``func``); ``__wrapped__`` is always ``func``.
     """
     signature = signature if signature is not None else inspect.signature(func)
     name = name or func.__name__
-    if not name.isidentifier():
+    if not name.isidentifier() or keyword.iskeyword(name):
         name = "wrapper"
     namespace: dict[str, Any] = {
         "__rpg_target": target if target is not None else func,
         "__rpg_type": type,
         "__rpg_native": native_type,
         "__rpg_unwrap": unwrap,
+        "__rpg_fast": fast_type,
     }
     source = _source_for(name, signature, group_names, converters or {}, namespace)
     exec(compile(source, f"<reloadpg_autopatch wrapper of {name}>", "exec"), namespace)  # noqa: S102
-    wrapper = namespace[name]
-    functools.update_wrapper(wrapper, func)
-    wrapper.__wrapped__ = func
+    return mark(namespace[name], func)
+
+
+def mark(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """Make ``wrapper`` look like ``original`` (name, doc, ``__wrapped__``) and flag it ours."""
+    functools.update_wrapper(wrapper, original)
     setattr(wrapper, MARKER, True)
     return wrapper

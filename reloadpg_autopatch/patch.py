@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,7 @@ def _build(dist: types.ModuleType) -> PatchState:
     from . import factories
     from ._unwrap import unwrap
     from ._wrapgen import generate, group_params, is_generated, signature_of
+    from .group import ReloadableProcessGroup
 
     native = dist.ProcessGroup
     snapshot = {name: obj for name, obj in vars(dist).items() if callable(obj)}
@@ -95,7 +96,7 @@ def _build(dist: types.ModuleType) -> PatchState:
         "destroy_process_group",
         factories.make_destroy_process_group(snapshot["destroy_process_group"], destroy_native),
     )
-    helpers = factories.make_helpers(snapshot, factories.discover_helpers(snapshot), new_group)
+    helpers = factories.make_helpers(snapshot, factories.discover_helpers(snapshot), dist)
 
     for name, obj in snapshot.items():
         if name in wrappers or is_generated(obj):
@@ -120,6 +121,7 @@ def _build(dist: types.ModuleType) -> PatchState:
                     group_names=names,
                     native_type=native,
                     unwrap=unwrap,
+                    fast_type=ReloadableProcessGroup,
                 ),
             )
         elif target is not None:
@@ -171,11 +173,3 @@ def monkey_patch_torch_dist(rebind_prefixes: str | Iterable[str] | None = None) 
 def patched_names() -> list[str]:
     """The ``torch.distributed`` names this process's patch replaced."""
     return sorted(_STATE.wrappers) if _STATE is not None else []
-
-
-def wrapper_for(original_obj: Any) -> Callable[..., Any] | None:
-    """Our wrapper for one of torch's originals, if it was patched."""
-    if _STATE is None:
-        return None
-    pair = _STATE.by_original_id.get(id(original_obj))
-    return pair[1] if pair is not None and pair[0] is original_obj else None
