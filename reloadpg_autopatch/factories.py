@@ -11,7 +11,6 @@ torch's own logic (validation, rank partitioning) instead of a copy of it.
 from __future__ import annotations
 
 import dis
-import functools
 import inspect
 import logging
 import types
@@ -22,19 +21,12 @@ import torch.distributed as dist
 
 from . import policy, registry, world
 from ._unwrap import unwrap
-from ._wrapgen import MARKER, generate, group_params, is_generated, signature_of
+from ._wrapgen import MARKER, generate, group_params, is_generated, mark, signature_of
 from .group import ReloadableProcessGroup
 
 logger = logging.getLogger("reloadpg_autopatch")
 
 _Native = dist.ProcessGroup
-
-
-def _mark(func: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    functools.update_wrapper(func, original)
-    func.__wrapped__ = original
-    setattr(func, MARKER, True)
-    return func
 
 
 def adopt(native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -68,7 +60,7 @@ def make_new_group(original: Callable[..., Any], namespace: Any) -> Callable[...
             return native
         return adopt(native, args, kwargs)
 
-    return _mark(new_group, original)
+    return mark(new_group, original)
 
 
 def make_destroy_process_group(
@@ -90,15 +82,19 @@ def make_destroy_process_group(
         if isinstance(group, ReloadableProcessGroup):
             registry.current().release(group._record, destroy_native)
             return None
-        destroys_world = group is None or group is dist.GroupMember.WORLD
-        if not destroys_world:
-            return original(unwrap(group))
-        result = original(*args, **kwargs)
+        native = unwrap(group)
+        if native is not None and native is not dist.GroupMember.WORLD:
+            record = registry.current().record_of(native)
+            if record is not None:  # our group, reached through its native handle
+                registry.current().release(record, destroy_native)
+                return None
+            return original(native)
+        result = original(native)
         registry.current().forget_natives()
         world.forget()
         return result
 
-    return _mark(destroy_process_group, original)
+    return mark(destroy_process_group, original)
 
 
 def _code_objects(code: types.CodeType) -> list[types.CodeType]:
@@ -133,9 +129,17 @@ def discover_helpers(snapshot: Mapping[str, Any]) -> list[str]:
         if name.startswith("new_")
         and name != "new_group"
         and isinstance(obj, types.FunctionType)
-        and not hasattr(obj, "__wrapped__")
         and not is_generated(obj)
     }
+    for name, obj in list(candidates.items()):
+        if hasattr(obj, "__wrapped__"):  # a decorator's closure holds the code we would clone
+            del candidates[name]
+            if "new_group" in _global_names(inspect.unwrap(obj)):
+                logger.warning(
+                    "torch.distributed.%s is decorated, so its new_group calls cannot be "
+                    "re-routed: the groups it creates stay native",
+                    name,
+                )
     helpers: set[str] = set()
     reaches = {"new_group"}
     changed = True
@@ -158,30 +162,36 @@ def discover_helpers(snapshot: Mapping[str, Any]) -> list[str]:
 
 
 class _GlobalsOverlay(dict):
-    """Globals for a cloned helper: our overrides first, then torch's live module dict."""
+    """Globals for a cloned helper: the other clones, then torch's live module dict.
 
-    __slots__ = ("base",)
+    ``new_group`` is looked up in the ``torch.distributed`` namespace on every call, so when
+    another framework patches it on top of ours, the helpers create its groups too.
+    """
 
-    def __init__(self, base: dict[str, Any], overrides: Mapping[str, Any]) -> None:
-        super().__init__(overrides)
+    __slots__ = ("base", "namespace")
+
+    def __init__(self, base: dict[str, Any], namespace: Any) -> None:
+        super().__init__()
         self["__builtins__"] = base.get("__builtins__", __builtins__)
         self.base = base
+        self.namespace = namespace
 
     def __missing__(self, key: str) -> Any:
+        if key == "new_group":
+            return self.namespace.new_group
         return self.base[key]
 
 
 def make_helpers(
-    snapshot: Mapping[str, Any], names: list[str], new_group: Callable[..., Any]
+    snapshot: Mapping[str, Any], names: list[str], namespace: Any
 ) -> dict[str, Callable[..., Any]]:
-    """Clones of torch's group-creating helpers that create groups through our ``new_group``."""
-    if not names:
-        return {}
-    base = snapshot[names[0]].__globals__
-    overlay = _GlobalsOverlay(base, {"new_group": new_group})
+    """Clones of torch's group-creating helpers whose ``new_group`` is the namespace's."""
+    overlays: dict[int, _GlobalsOverlay] = {}
     clones: dict[str, Callable[..., Any]] = {}
     for name in names:
         original = snapshot[name]
+        base = original.__globals__
+        overlay = overlays.setdefault(id(base), _GlobalsOverlay(base, namespace))
         clone = types.FunctionType(
             original.__code__,
             overlay,
@@ -190,9 +200,9 @@ def make_helpers(
             original.__closure__,
         )
         clone.__kwdefaults__ = original.__kwdefaults__
-        _mark(clone, original)
-        overlay[name] = clone
-        clones[name] = clone
+        clones[name] = mark(clone, original)
+    for overlay in overlays.values():  # helpers calling helpers (new_subgroups) reach clones
+        overlay.update(clones)
     return clones
 
 
@@ -217,6 +227,7 @@ def make_class(original: type, group_names: tuple[str, ...]) -> type:
             converters={k: v for k, v in converters.items() if k in signature.parameters},
             native_type=_Native,
             unwrap=unwrap,
+            fast_type=ReloadableProcessGroup,
         )
         namespace[method_name] = staticmethod(wrapped) if method_name == "__new__" else wrapped
     cls = type(original.__name__, (original,), namespace)

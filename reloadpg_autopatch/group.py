@@ -25,8 +25,8 @@ logger = logging.getLogger("reloadpg_autopatch")
 
 _NativeProcessGroup = dist.ProcessGroup
 
-# Members of ProcessGroup that must stay the base class's own: pybind11 plumbing, the boxing
-# helper that is a staticmethod, and the backend-type enum and its values (all class data).
+# pybind11 plumbing stays the base class's own. Static methods (``unbox``) and class data (the
+# backend-type enum and its values) are left alone by the type checks in _install_forwarders.
 _NOT_FORWARDED = frozenset({"_pybind11_conduit_v1_"})
 
 
@@ -38,8 +38,10 @@ class ReloadableProcessGroup(_NativeProcessGroup):
     destroyed raises a ``RuntimeError`` naming the group and the fix.
 
     Instances are normally made by the patched ``torch.distributed.new_group``. Building one
-    directly registers it for reload with the given creation arguments, which must be what
-    ``torch.distributed.new_group`` needs to recreate the group on every rank.
+    directly registers it for reload with ``group_args``/``group_kwargs`` (default:
+    ``ranks=ranks``), which reload passes to ``torch.distributed.new_group`` on this rank. Every
+    rank must then register the same creation at the same point, non-members included (torch
+    names groups after a process-wide counter), which is what the patched ``new_group`` does.
     """
 
     def __init__(
@@ -62,6 +64,8 @@ class ReloadableProcessGroup(_NativeProcessGroup):
             ranks = dist.get_process_group_ranks(group)
         self.ranks = list(ranks)
         if _record is None:
+            if not group_args and not group_kwargs:
+                group_kwargs = {"ranks": self.ranks}
             _record = registry.current().add(group_args, group_kwargs or {})
             _record.native = group
         self._record = _record

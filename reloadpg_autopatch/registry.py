@@ -80,8 +80,7 @@ class Record:
 class Registry:
     """Records of one process, in creation order."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+    def __init__(self) -> None:
         self.records: list[Record] = []
 
     def add(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Record:
@@ -89,6 +88,13 @@ class Registry:
         with _LOCK:
             self.records.append(record)
         return record
+
+    def record_of(self, native: Any) -> Record | None:
+        """The record whose current native group is ``native``, if any."""
+        for record in self.records:
+            if record.native is native and record.member:
+                return record
+        return None
 
     def live_groups(self) -> list[Any]:
         """Wrappers still referenced by the program and not released."""
@@ -160,7 +166,7 @@ def current() -> Registry:
     registry = _REGISTRIES.get(pid)
     if registry is None:
         with _LOCK:
-            registry = _REGISTRIES.setdefault(pid, Registry(pid))
+            registry = _REGISTRIES.setdefault(pid, Registry())
     return registry
 
 
