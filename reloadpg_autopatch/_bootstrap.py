@@ -87,15 +87,15 @@ def patch_now() -> bool:
     try:
         _configure_logging()
         from .patch import monkey_patch_torch_dist
+        from .sweep import parse_prefixes
 
         prefixes = rebind_prefixes()
         try:
-            monkey_patch_torch_dist(prefixes)
+            parse_prefixes(prefixes)
         except (TypeError, ValueError) as error:
-            if prefixes is None:
-                raise
             warn_once("rebind", f"{REBIND_ENV}: {error}; sweeping the default prefixes instead")
-            monkey_patch_torch_dist()
+            prefixes = None
+        monkey_patch_torch_dist(prefixes)
     except Exception as error:
         message = (
             "patching torch.distributed failed, it stays unpatched: "
@@ -115,7 +115,7 @@ def patch_now() -> bool:
     return True
 
 
-def activate(source: str = "api") -> None:
+def activate(source: str) -> None:
     """Patch ``torch.distributed`` as soon as it is imported (at once if it already is).
 
     Idempotent: a ``.pth`` can be processed twice in a venv, and the ``.start`` entry point and

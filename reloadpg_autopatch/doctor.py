@@ -133,6 +133,12 @@ def _check_gate(report: Report) -> None:
             f"the gate is on but {_pth.PTH_NAME} is not installed in this interpreter's "
             "site-packages: install the package into this environment"
         )
+    elif not report.pth["on_sys_path"]:
+        report.problems.append(
+            f"the gate is on but {report.pth['path']} is in a site directory this interpreter "
+            "skipped (user site-packages under python -s or PYTHONNOUSERSITE, which Ray "
+            "workers inherit): install the package into the environment's site-packages"
+        )
 
 
 def _check_torch(report: Report, imports: list[str]) -> None:

@@ -189,7 +189,7 @@ def _watch(
             if channel == "eof":
                 open_streams -= 1
             elif channel == "out" and line.startswith(EVENT_TAG):
-                event = json.loads(line[len(EVENT_TAG) :])
+                event = _event(rank, line)
                 outcome.events.append(event)
                 if on_event is not None:
                     on_event(rank, event)
@@ -207,12 +207,23 @@ def _watch(
                 )
         if time.monotonic() > deadline:
             running = [o.rank for o, p in zip(outcomes, procs, strict=True) if p.poll() is None]
+            what = f"ranks {running} did not finish" if running else "the ranks' output did not end"
             raise LaunchError(
-                f"ranks {running} did not finish within {timeout:.0f} s; stopped them all",
+                f"{what} within {timeout:.0f} s; stopped them all",
                 rank=running[0] if len(running) == 1 else None,
             )
     for outcome, proc in zip(outcomes, procs, strict=True):
         outcome.returncode = proc.wait()
+
+
+def _event(rank: int, line: str) -> dict[str, Any]:
+    try:
+        event = json.loads(line[len(EVENT_TAG) :])
+    except ValueError as error:
+        raise LaunchError(f"rank {rank} sent a malformed event: {line!r}", rank=rank) from error
+    if not isinstance(event, dict) or "type" not in event:
+        raise LaunchError(f"rank {rank} sent an event without a type: {line!r}", rank=rank)
+    return event
 
 
 def _drain(lines: queue.Queue, outcomes: list[RankOutcome], grace: float = 1.0) -> None:
@@ -224,7 +235,7 @@ def _drain(lines: queue.Queue, outcomes: list[RankOutcome], grace: float = 1.0) 
         except queue.Empty:
             continue
         if channel == "out" and line.startswith(EVENT_TAG):
-            outcomes[rank].events.append(json.loads(line[len(EVENT_TAG) :]))
+            outcomes[rank].events.append(_event(rank, line))
         elif channel != "eof" and line:
             outcomes[rank].stderr.append(line)
 

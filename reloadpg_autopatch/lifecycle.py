@@ -48,11 +48,16 @@ def reload_process_groups() -> None:
     if not dist.is_initialized():
         raise RuntimeError(
             "reload_process_groups() needs torch.distributed to be initialized: call "
-            "torch.distributed.init_process_group() first (no WORLD is registered for reload)"
+            "torch.distributed.init_process_group() first (WORLD was never initialized, or "
+            "the program destroyed it)"
         )
     started = time.perf_counter()
     with registry.lock():
         swapped = world.swap_in(_destroy_world)
+        if swapped:
+            # Restoring WORLD tore down every group torch knew, including any created on the
+            # temporary WORLD since the destroy: all of them are rebuilt below.
+            registry.current().forget_natives()
         count = registry.current().reload(patch.original("new_group"), patch.destroy_native)
     logger.info(
         "reloaded %d process groups%s in %.1f ms",

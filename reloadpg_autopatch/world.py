@@ -78,11 +78,14 @@ def register_default_process_group(
         raise TypeError(
             f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}"
         )
-    if isinstance(accelerator_backends, str):
-        accelerator_backends = (accelerator_backends,)
-    names = tuple(str(b).lower() for b in accelerator_backends)
-    if not all(isinstance(b, str) and b for b in accelerator_backends):
-        raise TypeError(f"accelerator_backends must be backend names, got {accelerator_backends!r}")
+    backends = (
+        (accelerator_backends,)
+        if isinstance(accelerator_backends, str)
+        else tuple(accelerator_backends)
+    )
+    if not all(isinstance(b, str) and b for b in backends):
+        raise TypeError(f"accelerator_backends must be backend names, got {backends!r}")
+    names = tuple(b.lower() for b in backends)
     if not isinstance(temporary_backend, str) or not temporary_backend:
         raise TypeError(f"temporary_backend must be a backend name, got {temporary_backend!r}")
     if not dist.is_initialized():
