@@ -6,6 +6,7 @@ import json
 import re
 import socket
 import time
+from importlib.metadata import version
 
 import pytest
 
@@ -25,11 +26,11 @@ def test_default_demo_prints_a_line_per_cycle_and_a_verdict(installed, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("reloadpg_autopatch demo: 4 ranks on gloo, 3 cycles")
-    assert "Megatron's groups (megatron-core 0.16.1, TP=2)" in lines[1]
+    assert f"Megatron's groups (megatron-core {version('megatron-core')}, TP=2)" in lines[1]
     assert "patched at start-up by the .pth on every rank" in lines[1]
     cycle = re.compile(
         r"cycle (\d)/3: groups (\d+), destroy [\d.]+ ms, reload [\d.]+ ms, "
-        r"collectives checked (\d+), bindings patched 12/12$"
+        r"collectives checked (\d+), bindings patched (\d+)/\3$"
     )
     matches = [cycle.match(line) for line in lines[2:5]]
     assert all(matches), lines

@@ -25,6 +25,7 @@ def tree(tmp_path, monkeypatch):
     # A watched module whose import pulls in the target half-way through, like our group.py.
     (pkg / "outer.py").write_text("from hookprobe_pkg import inner\nDONE = True\n")
     (pkg / "inner.py").write_text("import hookprobe_pkg.target\nDONE = True\n")
+    (pkg / "failing_outer.py").write_text("import hookprobe_pkg.target\nraise ValueError('late')\n")
     ns = tmp_path / "hookprobe_ns"
     ns.mkdir()
     (ns / "leaf.py").write_text("VALUE = 'ns'\n")
@@ -74,6 +75,15 @@ def test_callback_waits_for_half_imported_modules_under_the_defer_prefix(tree) -
     assert seen == [True]  # ran only once outer (and inner) had finished executing
     assert finder not in sys.meta_path
     assert hookprobe_pkg.outer.DONE
+
+
+def test_a_failing_deferring_module_no_longer_holds_the_callback_back(tree) -> None:
+    seen = []
+    finder = _hook.install("hookprobe_pkg.target", lambda: seen.append(1), "hookprobe_pkg.")
+    with pytest.raises(ValueError, match="late"):
+        import hookprobe_pkg.failing_outer  # noqa: F401
+    assert seen == [1]
+    assert finder not in sys.meta_path
 
 
 def test_namespace_packages_and_zipimport_still_load(tree) -> None:

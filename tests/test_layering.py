@@ -30,10 +30,12 @@ def _layered(ctx: Rank) -> dict:
 
     slime_class, slime_destroy, slime_reload = slime_like.apply()
     theirs = dist.new_group([0, 1])
+    their_sub, _ = dist.new_subgroups(2)  # torch's helper creates through the outer new_group
     out = {
+        "their_subgroup_type": type(their_sub).__name__,
         "theirs_type": type(theirs).__name__,
         "inner_type": type(theirs.group).__name__,
-        "records_added": len(registry.current().records) - records_before,
+        "records_added": len(registry.current().records) - records_before,  # not even subgroups
     }
 
     def gather(func, group):
@@ -73,6 +75,7 @@ def _layered(ctx: Rank) -> dict:
 def test_outermost_patch_wraps_and_both_layers_keep_working() -> None:
     for report in run_ranks(_layered, 2):
         assert report["theirs_type"] == "SlimeLikeGroup"
+        assert report["their_subgroup_type"] == "SlimeLikeGroup"
         assert report["inner_type"] == "ProcessGroup"  # not wrapped twice
         assert report["records_added"] == 0
         assert report["their_group_via_their_patch"] == [3.0, [0.0, 0.0, 1.0, 1.0]]

@@ -358,3 +358,56 @@ def test_bad_input_before_init_gets_clear_errors() -> None:
     assert "init_process_group() first" in errors["register"]
     assert errors["timeout"] == "TypeError: timeout must be a datetime.timedelta or None, got int"
     assert errors["backends"].startswith("TypeError: accelerator_backends must be backend names")
+
+
+def _edge_cases(ctx: Rank) -> dict:
+    import torch
+
+    import reloadpg_autopatch
+    from reloadpg_autopatch import registry
+    from tests.programs import slime_like
+
+    dist = _setup(ctx, policy="auto")
+    reloadpg_autopatch.register_default_process_group(accelerator_backends=("gloo",))
+    out = {}
+    # Built by hand: reload must recreate it over its own ranks, not over WORLD.
+    native = reloadpg_autopatch.patch.original("new_group")([0, 1])
+    direct = reloadpg_autopatch.ReloadableProcessGroup(native, [0, 1])
+    out["direct_kwargs"] = direct._record.kwargs
+
+    # A group created while WORLD is swapped out is rebuilt on the restored WORLD.
+    reloadpg_autopatch.destroy_process_groups()
+    asleep = dist.new_group([0, 1])
+    reloadpg_autopatch.reload_process_groups()
+    sums = []
+    for group in (asleep, direct):
+        t = torch.ones(1)
+        dist.all_reduce(t, group=group)
+        sums.append(t.item())
+    out["sums_after_reload"] = sums
+    out["direct_size_after_reload"] = dist.get_world_size(direct)
+
+    # Destroying our group through its native handle releases it like the wrapper would.
+    handle = asleep.group
+    dist.destroy_process_group(handle)
+    out["released_via_native"] = asleep._record.released
+
+    # Destroying WORLD through a foreign wrapper forgets every record and the registration.
+    foreign_class, _, _ = slime_like.apply()
+    world_wrapper = foreign_class(dist.GroupMember.WORLD, (), {})
+    dist.destroy_process_group(world_wrapper)
+    out["after_world_destroyed"] = [
+        dist.is_initialized(),
+        any(r.live for r in registry.current().records),
+        reloadpg_autopatch.world.is_registered(),
+    ]
+    return out
+
+
+def test_edge_cases_of_the_lifecycle() -> None:
+    for report in run_ranks(_edge_cases, 2):
+        assert report["direct_kwargs"] == {"ranks": [0, 1]}
+        assert report["sums_after_reload"] == [2.0, 2.0]
+        assert report["direct_size_after_reload"] == 2
+        assert report["released_via_native"]
+        assert report["after_world_destroyed"] == [False, False, False]

@@ -204,3 +204,35 @@ def test_rebind_redirects_identical_attributes_only(patched_world) -> None:
         }
     finally:
         del sys.modules[fake.__name__], sys.modules[other.__name__]
+
+
+def test_generated_wrapper_passes_the_group_and_what_follows_by_keyword() -> None:
+    from reloadpg_autopatch._wrapgen import generate
+
+    calls = []
+
+    def reference(tensor, op=None, group=None, async_op=False):
+        raise AssertionError("only its signature is used")
+
+    def recorder(*args, **kwargs):
+        calls.append((args, kwargs))
+
+    class Native:
+        pass
+
+    wrapper = generate(
+        reference,
+        target=recorder,
+        group_names=("group",),
+        native_type=Native,
+        unwrap=lambda g: ("unwrapped", g),
+    )
+    native = Native()
+    wrapper(1, "sum", native)
+    wrapper(2, group="foreign", async_op=True)
+    assert calls == [
+        ((1, "sum"), {"group": native, "async_op": False}),
+        ((2, None), {"group": ("unwrapped", "foreign"), "async_op": True}),
+    ]
+    assert wrapper.__wrapped__ is reference
+    assert wrapper.__name__ == "reference"
