@@ -56,13 +56,14 @@ def parse_prefixes(prefixes: str | Iterable[str] | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _selected(name: str, prefixes: tuple[str, ...]) -> bool:
-    for excluded in _NEVER:
-        if name == excluded or name.startswith(excluded + "."):
-            return False
+def _matcher(prefixes: tuple[str, ...]) -> Callable[[str], bool]:
+    """A fast test for 'module name is one of the prefixes or inside one of them'."""
+    never = tuple(p + "." for p in _NEVER)
     if "*" in prefixes:
-        return True
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
+        return lambda name: name not in _NEVER and not name.startswith(never)
+    exact = frozenset(prefixes)
+    dotted = tuple(p + "." for p in prefixes)
+    return lambda name: (name in exact or name.startswith(dotted)) and not name.startswith(never)
 
 
 def _scan(prefixes: tuple[str, ...], fix: bool) -> list[Rebinding]:
@@ -72,9 +73,12 @@ def _scan(prefixes: tuple[str, ...], fix: bool) -> list[Rebinding]:
     table = state.by_original_id
     ids = table.keys()
     found: list[Rebinding] = []
+    selected = _matcher(prefixes)
     for name, module in list(sys.modules.items()):
+        if not selected(name):
+            continue
         namespace = getattr(module, "__dict__", None)
-        if type(namespace) is not dict or not _selected(name, prefixes):
+        if type(namespace) is not dict:
             continue
         if ids.isdisjoint(map(id, namespace.values())):
             continue
