@@ -206,7 +206,7 @@ def test_rebind_redirects_identical_attributes_only(patched_world) -> None:
         del sys.modules[fake.__name__], sys.modules[other.__name__]
 
 
-def test_generated_wrapper_passes_the_group_and_what_follows_by_keyword() -> None:
+def test_generated_wrapper_passes_arguments_positionally_and_unwraps_the_group() -> None:
     from reloadpg_autopatch._wrapgen import generate
 
     calls = []
@@ -231,8 +231,8 @@ def test_generated_wrapper_passes_the_group_and_what_follows_by_keyword() -> Non
     wrapper(1, "sum", native)
     wrapper(2, group="foreign", async_op=True)
     assert calls == [
-        ((1, "sum"), {"group": native, "async_op": False}),
-        ((2, None), {"group": ("unwrapped", "foreign"), "async_op": True}),
+        ((1, "sum", native, False), {}),
+        ((2, None, ("unwrapped", "foreign"), True), {}),
     ]
     assert wrapper.__wrapped__ is reference
     assert wrapper.__name__ == "reference"
