@@ -44,6 +44,12 @@ class ReloadableProcessGroup(_NativeProcessGroup):
     names groups after a process-wide counter), which is what the patched ``new_group`` does.
     """
 
+    # A slot makes ``.group`` a direct read (7 ns instead of 19 ns for a dict attribute): the
+    # generated wrappers read it on every collective that gets a reloadable group. For the same
+    # reason there is no __getattr__ fallback (it would slow every attribute read by ~25 ns):
+    # native groups take no attributes beyond their class's members, all forwarded below.
+    __slots__ = ("__dict__", "group")
+
     def __init__(
         self,
         group: Any,
@@ -114,15 +120,6 @@ class ReloadableProcessGroup(_NativeProcessGroup):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ReloadableProcessGroup:
         return self
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the class lacks: Python attributes set on the native group.
-        if name.startswith("__") or name in ("group", "_record", "ranks"):
-            raise AttributeError(name)
-        inner = self.__dict__.get("group")
-        if inner is None:
-            raise self.destroyed_error(f"attribute {name!r}")
-        return getattr(inner, name)
 
 
 def _forward_method(name: str, base: Any) -> Any:
