@@ -34,6 +34,20 @@ class Rank:
 
         return dist.TCPStore(HOST, self.port, self.world_size, is_master=False)
 
+    def patched(self, policy: str = "all") -> Any:
+        """Patch torch.distributed, choose the wrap policy, join WORLD; return the module."""
+        import warnings
+
+        import reloadpg_autopatch
+
+        warnings.simplefilter("ignore", FutureWarning)
+        reloadpg_autopatch.monkey_patch_torch_dist()
+        reloadpg_autopatch.set_wrap_policy(policy)
+        self.init()
+        import torch.distributed as dist
+
+        return dist
+
     def init(self, backend: str = "gloo", timeout: float = 30.0) -> None:
         import torch.distributed as dist
 

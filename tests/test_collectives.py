@@ -11,16 +11,9 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _every_collective(ctx: Rank) -> dict:
-    import warnings
-
     import reloadpg_autopatch as rpg
 
-    warnings.simplefilter("ignore", FutureWarning)
-    rpg.monkey_patch_torch_dist()
-    rpg.set_wrap_policy("all")
-    ctx.init()
-    import torch.distributed as dist
-
+    dist = ctx.patched()
     group = dist.new_group([0, 1])
     assert isinstance(group, rpg.ReloadableProcessGroup), group
     return {

@@ -30,7 +30,7 @@ def test_default_demo_prints_a_line_per_cycle_and_a_verdict(installed, tmp_path)
     assert "patched at start-up by the .pth on every rank" in lines[1]
     cycle = re.compile(
         r"cycle (\d)/3: groups (\d+), destroy [\d.]+ ms, reload [\d.]+ ms, "
-        r"collectives checked (\d+), bindings patched (\d+)/\3$"
+        r"collectives checked (\d+), bindings patched (\d+)/\4$"
     )
     matches = [cycle.match(line) for line in lines[2:5]]
     assert all(matches), lines

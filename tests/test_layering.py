@@ -11,19 +11,12 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _layered(ctx: Rank) -> dict:
-    import warnings
-
     import torch
 
     import reloadpg_autopatch
     from reloadpg_autopatch import registry
 
-    warnings.simplefilter("ignore", FutureWarning)
-    reloadpg_autopatch.monkey_patch_torch_dist()
-    reloadpg_autopatch.set_wrap_policy("all")
-    ctx.init()
-    import torch.distributed as dist
-
+    dist = ctx.patched()
     ours = dist.new_group([0, 1])
     bound_all_gather = dist.all_gather_into_tensor  # a Megatron-style binding of our wrapper
     records_before = len(registry.current().records)

@@ -11,20 +11,6 @@ from tests._ranks import Rank, run_ranks
 pytestmark = pytest.mark.timeout(240)
 
 
-def _setup(ctx: Rank, policy: str = "all") -> object:
-    import warnings
-
-    import reloadpg_autopatch
-
-    warnings.simplefilter("ignore", FutureWarning)
-    reloadpg_autopatch.monkey_patch_torch_dist()
-    reloadpg_autopatch.set_wrap_policy(policy)
-    ctx.init()
-    import torch.distributed as dist
-
-    return dist
-
-
 def _pg_count() -> int:
     from torch.distributed import distributed_c10d
 
@@ -66,7 +52,7 @@ def _subgroup_cycles(ctx: Rank) -> dict:
     import reloadpg_autopatch
     from reloadpg_autopatch import registry
 
-    dist = _setup(ctx)
+    dist = ctx.patched()
     groups = _make_groups(dist, ctx.rank)
     assert all(isinstance(g, reloadpg_autopatch.ReloadableProcessGroup) for g in groups.values())
     records = len(registry.current().records)
@@ -112,7 +98,7 @@ def _world_cycles(ctx: Rank) -> dict:
     import reloadpg_autopatch
     from reloadpg_autopatch import world
 
-    dist = _setup(ctx, policy="auto")
+    dist = ctx.patched("auto")
     original_world = dist.GroupMember.WORLD
     # gloo plays the accelerator here: that is what the parameter is for.
     reloadpg_autopatch.register_default_process_group(accelerator_backends=("gloo",))
@@ -173,7 +159,7 @@ def _destroyed_use(ctx: Rank) -> dict:
 
     import reloadpg_autopatch
 
-    dist = _setup(ctx)
+    dist = ctx.patched()
     group = dist.new_group([0, 1])
     reloadpg_autopatch.destroy_process_groups()
     errors = {}
@@ -217,7 +203,7 @@ def _dropped_and_released(ctx: Rank) -> dict:
     import reloadpg_autopatch
     from reloadpg_autopatch import registry
 
-    dist = _setup(ctx)
+    dist = ctx.patched()
     keep = dist.new_group([0, 1])
     dropped = dist.new_group([0, 1])
     released = dist.new_group([0, 1])
@@ -269,7 +255,7 @@ def _fork_probe(ctx: Rank) -> dict:
     import reloadpg_autopatch
     from reloadpg_autopatch import registry
 
-    dist = _setup(ctx)
+    dist = ctx.patched()
     group = dist.new_group([0])
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -301,7 +287,7 @@ def test_forked_child_never_touches_the_parents_groups() -> None:
 def _policies(ctx: Rank) -> dict:
     import reloadpg_autopatch
 
-    dist = _setup(ctx, policy="auto")
+    dist = ctx.patched("auto")
     kinds = {}
     kinds["gloo pair"] = type(dist.new_group([0, 1])).__name__
     kinds["single"] = type([dist.new_group([r]) for r in range(2)][ctx.rank]).__name__
@@ -367,7 +353,7 @@ def _edge_cases(ctx: Rank) -> dict:
     from reloadpg_autopatch import registry
     from tests.programs import slime_like
 
-    dist = _setup(ctx, policy="auto")
+    dist = ctx.patched("auto")
     reloadpg_autopatch.register_default_process_group(accelerator_backends=("gloo",))
     out = {}
     # Built by hand: reload must recreate it over its own ranks, not over WORLD.
