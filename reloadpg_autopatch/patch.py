@@ -31,7 +31,8 @@ class PatchState:
 
     originals: dict[str, Any]
     wrappers: dict[str, Any]
-    by_original_id: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    #: id(original) -> (original, wrapper), built once: the sweep looks values up by id.
+    by_original_id: dict[int, tuple[Any, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.by_original_id = {

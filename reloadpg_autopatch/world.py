@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -43,7 +43,6 @@ class WorldState:
     temporary_backend: str
     generation: int = 0
     swapped: bool = False
-    accelerator_backends: tuple[str, ...] = field(default=DEFAULT_ACCELERATOR_BACKENDS)
 
 
 _STATES: dict[int, WorldState] = {}
@@ -104,7 +103,6 @@ def register_default_process_group(
         device_id=default_group.bound_device_id,
         swap=bool(set(policy.backend_names(backend)) & set(names)),
         temporary_backend=temporary_backend,
-        accelerator_backends=names,
     )
     _STATES[os.getpid()] = registration
     logger.info(
