@@ -47,7 +47,7 @@ def _copy_arg(value: Any) -> Any:
 class Record:
     """One ``new_group`` call that reload must replay."""
 
-    __slots__ = ("__weakref__", "_ref", "args", "kwargs", "live", "member", "native", "released")
+    __slots__ = ("_ref", "args", "kwargs", "live", "member", "native", "released")
 
     def __init__(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         self.args = tuple(_copy_arg(a) for a in args)
@@ -150,11 +150,8 @@ class Registry:
         with _LOCK:
             if record.live and record.native is not None:
                 destroy_native(record.native)
-            wrapper = record.wrapper
-            record.native = None
+            record._set_native(None)
             record.released = True
-            if wrapper is not None:
-                wrapper.group = None
 
 
 _REGISTRIES: dict[int, Registry] = {}
