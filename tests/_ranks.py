@@ -15,7 +15,6 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 HOST = "127.0.0.1"
@@ -28,11 +27,7 @@ class Rank:
     rank: int
     world_size: int
     port: int
-
-    def store(self) -> Any:
-        import torch.distributed as dist
-
-        return dist.TCPStore(HOST, self.port, self.world_size, is_master=False)
+    host: str = HOST
 
     def patched(self, policy: str = "all") -> Any:
         """Patch torch.distributed, choose the wrap policy, join WORLD; return the module."""
@@ -49,15 +44,9 @@ class Rank:
         return dist
 
     def init(self, backend: str = "gloo", timeout: float = 30.0) -> None:
-        import torch.distributed as dist
+        from reloadpg_autopatch.launch import init_rank
 
-        dist.init_process_group(
-            backend,
-            store=self.store(),
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=timedelta(seconds=timeout),
-        )
+        init_rank(self, backend=backend, timeout=timeout)
 
 
 @contextlib.contextmanager
