@@ -12,7 +12,7 @@ import time
 import warnings
 from typing import Any
 
-from reloadpg_autopatch import launch
+from reloadpg_autopatch.tools import launch
 
 
 def _build(scenario: str, world_size: int) -> list[Any]:
@@ -66,7 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     import reloadpg_autopatch
-    from reloadpg_autopatch import patch
+    from reloadpg_autopatch import _originals
 
     reloadpg_autopatch.monkey_patch_torch_dist()
     launch.init_rank(args, timeout=120)
@@ -76,7 +76,7 @@ def main() -> int:
     reloadpg_autopatch.set_wrap_policy("all")
     held = _build(args.scenario, args.world_size)
     groups = len(reloadpg_autopatch.reloadable_groups())
-    create, destroy = patch.original("new_group"), patch.original("destroy_process_group")
+    create, destroy = _originals.original("new_group"), _originals.original("destroy_process_group")
     from torch.distributed.distributed_c10d import _world
 
     def torch_cycle() -> None:

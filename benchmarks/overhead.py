@@ -92,7 +92,7 @@ def measure(rounds: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     import reloadpg_autopatch
-    from reloadpg_autopatch import patch
+    from reloadpg_autopatch import _originals
 
     reloadpg_autopatch.monkey_patch_torch_dist()
     reloadpg_autopatch.set_wrap_policy("all")
@@ -102,7 +102,7 @@ def measure(rounds: int) -> dict[str, Any]:
     tensor = torch.ones(1)
     out: dict[str, Any] = {}
     for name in ("get_world_size", "all_reduce"):
-        original, ours = patch.original(name), getattr(dist, name)
+        original, ours = _originals.original(name), getattr(dist, name)
         slime = slime_style(original, reloadpg_autopatch.ReloadableProcessGroup)
         args = () if name == "get_world_size" else (tensor,)
         variants = {

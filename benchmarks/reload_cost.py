@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stats import Row, summarize
-from reloadpg_autopatch import launch
+from reloadpg_autopatch.tools import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ def measure(repeats: int) -> dict[str, Any]:
     import megatron.core.tensor_parallel  # noqa: F401
 
     import reloadpg_autopatch
-    from reloadpg_autopatch import sweep
+    from reloadpg_autopatch.patching import sweep
 
     reloadpg_autopatch.monkey_patch_torch_dist(rebind_prefixes=["no_such_package_for_timing"])
     started = time.perf_counter()

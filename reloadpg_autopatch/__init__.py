@@ -8,21 +8,21 @@ process of an image, pip and Ray's own workers included.
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "monkey_patch_torch_dist": "patch",
-    "is_patched": "patch",
-    "patched_names": "patch",
-    "unwrap": "_unwrap",
-    "ReloadableProcessGroup": "group",
-    "destroy_process_groups": "lifecycle",
-    "reload_process_groups": "lifecycle",
-    "reloadable_groups": "lifecycle",
-    "register_default_process_group": "world",
-    "rebind": "sweep",
-    "find_stale": "sweep",
-    "Rebinding": "sweep",
-    "set_wrap_policy": "policy",
-    "get_wrap_policy": "policy",
-    "GroupSpec": "policy",
+    "monkey_patch_torch_dist": "patching.apply",
+    "is_patched": "patching.state",
+    "patched_names": "patching.state",
+    "rebind": "patching.sweep",
+    "find_stale": "patching.sweep",
+    "Rebinding": "patching.sweep",
+    "unwrap": "groups.unwrap",
+    "ReloadableProcessGroup": "groups.reloadable",
+    "destroy_process_groups": "groups.lifecycle",
+    "reload_process_groups": "groups.lifecycle",
+    "reloadable_groups": "groups.lifecycle",
+    "register_default_process_group": "groups.world",
+    "set_wrap_policy": "groups.policy",
+    "get_wrap_policy": "groups.policy",
+    "GroupSpec": "groups.policy",
 }
 
 __all__ = [

@@ -65,8 +65,8 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--timeout must be positive, got {args.timeout}")
     if args.inject_failure is not None and not 0 <= args.inject_failure < args.world_size:
         parser.error(f"--inject-failure must name a rank from 0 to {args.world_size - 1}")
-    from .demo import run_demo
-    from .launch import PortInUse
+    from .tools.demo import run_demo
+    from .tools.launch import PortInUse
 
     try:
         return run_demo(
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "doctor":
-        from .doctor import diagnose, render
+        from .tools.doctor import diagnose, render
 
         report = diagnose(args.imports)
         print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, "
         f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
     )
-    from reloadpg_autopatch.demo import run_demo
+    from reloadpg_autopatch.tools.demo import run_demo
 
     out = io.StringIO()
     code = run_demo(1, args.cycles, "nccl", timeout=args.timeout, as_json=True, stream=out)

@@ -44,7 +44,7 @@ class Rank:
         return dist
 
     def init(self, backend: str = "gloo", timeout: float = 30.0) -> None:
-        from reloadpg_autopatch.launch import init_rank
+        from reloadpg_autopatch.tools.launch import init_rank
 
         init_rank(self, backend=backend, timeout=timeout)
 

@@ -16,7 +16,7 @@ GATE_PROBE = r"""
 import json, sys
 print(json.dumps({
     "loaded": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
-    "hooked": any(type(f).__module__ == "reloadpg_autopatch._hook" for f in sys.meta_path),
+    "hooked": any(type(f).__module__ == "reloadpg_autopatch._startup.hook" for f in sys.meta_path),
 }))
 """
 
@@ -59,7 +59,7 @@ def test_processing_the_pth_twice_activates_once(installed) -> None:
     # A venv processes .pth files twice on some Pythons (cpython#75723); so can a re-run of site.
     source = (
         "import json, site, sys; site.addsitedir(sys.argv[1]); "
-        "print(json.dumps({'hooks': sum(type(f).__module__ == 'reloadpg_autopatch._hook' "
+        "print(json.dumps({'hooks': sum(type(f).__module__ == 'reloadpg_autopatch._startup.hook' "
         "for f in sys.meta_path)}))"
     )
     for gate, warnings in (("1", 0), ("maybe", 1)):
@@ -138,9 +138,9 @@ def test_concurrent_imports_do_not_deadlock(installed) -> None:
     "first_import",
     [
         "import reloadpg_autopatch; reloadpg_autopatch.ReloadableProcessGroup",
-        "from reloadpg_autopatch import world",
-        "import reloadpg_autopatch.lifecycle",
-        "from reloadpg_autopatch.bindings import find_bindings, check; check(find_bindings())",
+        "from reloadpg_autopatch.groups import world",
+        "import reloadpg_autopatch.groups.lifecycle",
+        "from reloadpg_autopatch.tools import bindings; bindings.check(bindings.find_bindings())",
     ],
 )
 def test_our_own_module_may_be_the_first_to_import_torch(installed, first_import) -> None:
@@ -165,7 +165,7 @@ def test_start_file_entry_point_resolves_and_activates(installed) -> None:
         "'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__')}))\n"
     )
     result = installed.script(source)  # gate off at start-up: only the entry point activates
-    assert result["entry"] == "reloadpg_autopatch._bootstrap:activate_from_site"
+    assert result["entry"] == "reloadpg_autopatch._startup.bootstrap:activate_from_site"
     assert result["patched"]
 
 

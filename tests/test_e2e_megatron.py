@@ -6,8 +6,8 @@ from importlib.metadata import version
 
 import pytest
 
-from reloadpg_autopatch import launch
-from reloadpg_autopatch.bindings import find_bindings, takes_group
+from reloadpg_autopatch.tools import launch
+from reloadpg_autopatch.tools.bindings import find_bindings, takes_group
 from tests._venv import clean_env
 
 pytestmark = pytest.mark.timeout(400)
@@ -46,7 +46,7 @@ def test_megatron_groups_collectives_and_three_cycles(installed, tmp_path) -> No
     expected = len(
         {(b.module, b.attribute) for b in find_bindings("megatron.core") if takes_group(b.target)}
     )
-    command = [str(installed.python), "-m", "reloadpg_autopatch._demo_rank", "--cycles", "3"]
+    command = [str(installed.python), "-m", "reloadpg_autopatch.tools.demo_rank", "--cycles", "3"]
     outcomes = launch.launch(
         command, 4, env=clean_env(SLIME_RELOADABLE_PG="1"), timeout=300, cwd=str(tmp_path)
     )

@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from reloadpg_autopatch import _hook
+from reloadpg_autopatch._startup import hook as _hook
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -35,7 +35,7 @@ def check_installed(venv: Venv) -> None:
     on = venv.script(PROBE, SLIME_RELOADABLE_PG="1")
     assert on["patched"]
     assert on["wrapped_original"] == "torch.distributed.distributed_c10d"
-    assert "reloadpg_autopatch._bootstrap" in on["at_start"]
+    assert "reloadpg_autopatch._startup.bootstrap" in on["at_start"]
     assert "torch" not in " ".join(on["at_start"])
     assert on["_stderr"] == ""
 

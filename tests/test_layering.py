@@ -14,7 +14,7 @@ def _layered(ctx: Rank) -> dict:
     import torch
 
     import reloadpg_autopatch
-    from reloadpg_autopatch import registry
+    from reloadpg_autopatch.groups import registry
 
     dist = ctx.patched()
     ours = dist.new_group([0, 1])
@@ -47,7 +47,7 @@ def _layered(ctx: Rank) -> dict:
     ]
     out["their_group_via_our_binding"] = gather(bound_all_gather, theirs)
     try:
-        gather(reloadpg_autopatch.patch.original("all_gather_into_tensor"), theirs)
+        gather(reloadpg_autopatch._originals.original("all_gather_into_tensor"), theirs)
         out["their_group_unpatched"] = "no error"
     except Exception as error:
         out["their_group_unpatched"] = type(error).__name__

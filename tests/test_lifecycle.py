@@ -50,7 +50,7 @@ def _make_groups(dist, rank: int) -> dict:
 
 def _subgroup_cycles(ctx: Rank) -> dict:
     import reloadpg_autopatch
-    from reloadpg_autopatch import registry
+    from reloadpg_autopatch.groups import registry
 
     dist = ctx.patched()
     groups = _make_groups(dist, ctx.rank)
@@ -96,7 +96,7 @@ def _world_cycles(ctx: Rank) -> dict:
     import torch
 
     import reloadpg_autopatch
-    from reloadpg_autopatch import world
+    from reloadpg_autopatch.groups import world
 
     dist = ctx.patched("auto")
     original_world = dist.GroupMember.WORLD
@@ -169,7 +169,7 @@ def _destroyed_use(ctx: Rank) -> dict:
         "get_rank": lambda: dist.get_rank(group),
         "method": lambda: group.allreduce([torch.ones(1)]),
         "property": lambda: group.group_name,
-        "unpatched": lambda: reloadpg_autopatch.patch.original("all_reduce")(
+        "unpatched": lambda: reloadpg_autopatch._originals.original("all_reduce")(
             torch.ones(1), group=group
         ),
     }.items():
@@ -201,7 +201,7 @@ def _dropped_and_released(ctx: Rank) -> dict:
     import torch
 
     import reloadpg_autopatch
-    from reloadpg_autopatch import registry
+    from reloadpg_autopatch.groups import registry
 
     dist = ctx.patched()
     keep = dist.new_group([0, 1])
@@ -253,7 +253,7 @@ def _fork_probe(ctx: Rank) -> dict:
     import os
 
     import reloadpg_autopatch
-    from reloadpg_autopatch import registry
+    from reloadpg_autopatch.groups import registry
 
     dist = ctx.patched()
     group = dist.new_group([0])
@@ -350,14 +350,14 @@ def _edge_cases(ctx: Rank) -> dict:
     import torch
 
     import reloadpg_autopatch
-    from reloadpg_autopatch import registry
+    from reloadpg_autopatch.groups import registry
     from tests.programs import slime_like
 
     dist = ctx.patched("auto")
     reloadpg_autopatch.register_default_process_group(accelerator_backends=("gloo",))
     out = {}
     # Built by hand: reload must recreate it over its own ranks, not over WORLD.
-    native = reloadpg_autopatch.patch.original("new_group")([0, 1])
+    native = reloadpg_autopatch._originals.original("new_group")([0, 1])
     direct = reloadpg_autopatch.ReloadableProcessGroup(native, [0, 1])
     out["direct_kwargs"] = direct._record.kwargs
 
@@ -385,7 +385,7 @@ def _edge_cases(ctx: Rank) -> dict:
     out["after_world_destroyed"] = [
         dist.is_initialized(),
         any(r.live for r in registry.current().records),
-        reloadpg_autopatch.world.is_registered(),
+        reloadpg_autopatch.groups.world.is_registered(),
     ]
     return out
 

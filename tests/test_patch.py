@@ -7,7 +7,8 @@ import inspect
 import pytest
 
 import reloadpg_autopatch
-from reloadpg_autopatch import patch
+from reloadpg_autopatch import _originals
+from reloadpg_autopatch.patching import state as patch_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,11 +32,11 @@ REQUIRED = {
 
 def test_every_group_taking_function_is_wrapped(patched_world) -> None:
     dist = patched_world
-    from reloadpg_autopatch._wrapgen import group_params, signature_of
+    from reloadpg_autopatch.patching.rule import group_params, signature_of
 
     names = set(reloadpg_autopatch.patched_names())
     assert names >= REQUIRED
-    state = patch.state()
+    state = patch_state.current()
     for name, original in state.originals.items():
         if isinstance(original, type):
             continue
@@ -54,8 +55,8 @@ def test_every_group_taking_function_is_wrapped(patched_world) -> None:
 
 def test_wrappers_keep_the_original_signature_and_wrapped(patched_world) -> None:
     dist = patched_world
-    for name, wrapper in patch.state().wrappers.items():
-        original = patch.original(name)
+    for name, wrapper in patch_state.current().wrappers.items():
+        original = _originals.original(name)
         assert getattr(dist, name) is wrapper
         if isinstance(original, type):
             assert issubclass(wrapper, original)
@@ -68,9 +69,9 @@ def test_wrappers_keep_the_original_signature_and_wrapped(patched_world) -> None
 def test_second_patch_changes_nothing(patched_world) -> None:
     dist = patched_world
     before = {name: getattr(dist, name) for name in reloadpg_autopatch.patched_names()}
-    state = patch.state()
+    state = patch_state.current()
     reloadpg_autopatch.monkey_patch_torch_dist()
-    assert patch.state() is state
+    assert patch_state.current() is state
     assert {name: getattr(dist, name) for name in before} == before
     assert dist.all_reduce.__wrapped__ is state.originals["all_reduce"]
 
@@ -91,7 +92,7 @@ def test_wrong_arguments_raise_exactly_what_the_original_raises(
     with pytest.raises(Exception) as ours:
         dist.all_reduce(*args, **kwargs)
     with pytest.raises(Exception) as theirs:
-        patch.original("all_reduce")(*args, **kwargs)
+        _originals.original("all_reduce")(*args, **kwargs)
     assert type(ours.value) is type(theirs.value)
     assert str(ours.value) == str(theirs.value)
 
@@ -134,7 +135,7 @@ def test_unwrap_foreign_wrappers_recursively(patched_world) -> None:
 
 def test_reloadable_group_forwards_every_process_group_member(patched_world) -> None:
     dist = patched_world
-    from reloadpg_autopatch.group import ReloadableProcessGroup, forwarding_report
+    from reloadpg_autopatch.groups.reloadable import ReloadableProcessGroup, forwarding_report
 
     report = forwarding_report()
     for name in ("all_gather_single", "reduce_scatter_single", "allreduce", "_get_backend"):
@@ -161,7 +162,7 @@ def test_wrap_policy_rejects_unknown_values() -> None:
 
 
 def test_rebind_prefixes_are_validated() -> None:
-    from reloadpg_autopatch.sweep import parse_prefixes
+    from reloadpg_autopatch.patching.sweep import parse_prefixes
 
     assert parse_prefixes(None) == ("megatron",)
     assert parse_prefixes(" megatron , my_pkg.sub ") == ("megatron", "my_pkg.sub")
@@ -178,7 +179,7 @@ def test_rebind_redirects_identical_attributes_only(patched_world) -> None:
     import sys
     import types
 
-    state = patch.state()
+    state = patch_state.current()
     fake = types.ModuleType("megatron_rebind_probe.inner")
     fake.dist_all_gather_func = state.originals["all_gather_into_tensor"]
     fake.coalescing = state.originals["_coalescing_manager"]
@@ -207,7 +208,7 @@ def test_rebind_redirects_identical_attributes_only(patched_world) -> None:
 
 
 def test_generated_wrapper_passes_arguments_positionally_and_unwraps_the_group() -> None:
-    from reloadpg_autopatch._wrapgen import generate
+    from reloadpg_autopatch.patching.wrapgen import generate
 
     calls = []
 

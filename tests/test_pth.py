@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from reloadpg_autopatch import _bootstrap, _pth
+from reloadpg_autopatch._startup import bootstrap as _bootstrap
+from reloadpg_autopatch._startup import pth as _pth
 from tests._venv import ROOT
 
 

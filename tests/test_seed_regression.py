@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reloadpg_autopatch import launch
+from reloadpg_autopatch.tools import launch
 from tests._venv import clean_env
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,7 +13,7 @@ import sys
 
 import slime_like  # next to this file, which is sys.path[0]
 
-from reloadpg_autopatch import launch
+from reloadpg_autopatch.tools import launch
 
 
 def _chain(error: BaseException | None) -> str:

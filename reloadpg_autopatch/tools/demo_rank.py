@@ -27,17 +27,18 @@ def _expect(label: str, got: Any, want: Any) -> None:
 
 
 def _activation() -> str:
-    from . import _bootstrap, patch
+    from .._startup import bootstrap
+    from ..patching import apply, state
 
-    started_by_site = _bootstrap.status()["source"] == "site"
+    started_by_site = bootstrap.status()["source"] == "site"
     import torch.distributed  # noqa: F401 - with the .pth active, this is what patches
 
     if started_by_site:
-        if not patch.is_patched():
+        if not state.is_patched():
             raise RuntimeError("the .pth activated at start-up, but torch.distributed is unpatched")
         return "pth"
     # Not installed with its .pth in this interpreter: patch late and let the sweep work.
-    patch.monkey_patch_torch_dist()
+    apply.monkey_patch_torch_dist()
     return "late"
 
 
@@ -203,7 +204,7 @@ def run(args: Any) -> None:
     launch.init_rank(args, backend=args.backend)
     import torch.distributed as dist
 
-    from . import lifecycle, world
+    from ..groups import lifecycle, world
 
     # On gloo, treat gloo as the accelerator so that WORLD takes part in every cycle too.
     world.register_default_process_group(accelerator_backends=(args.backend,))

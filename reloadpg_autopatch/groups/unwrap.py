@@ -6,7 +6,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .group import ReloadableProcessGroup
+from .reloadable import ReloadableProcessGroup
 
 _Native = dist.ProcessGroup
 _MAX_DEPTH = 16

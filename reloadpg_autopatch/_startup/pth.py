@@ -6,7 +6,7 @@ once, so a ``try`` statement cannot be written on it. The line therefore reads t
 source of ``guarded_activation`` below followed by a call of it. ``render_pth()`` builds that
 line from this file, so the guard is linted like any other code; ``tests/test_pth.py`` checks
 that the files at the repository root are exactly what this module renders, and
-``python -m reloadpg_autopatch._pth [DIR]`` rewrites them.
+``python -m reloadpg_autopatch._startup.pth [DIR]`` rewrites them.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ._bootstrap import GATE, OFF_VALUES
+from .bootstrap import GATE, OFF_VALUES
 
 PTH_NAME = "reloadpg_autopatch.pth"
 START_NAME = "reloadpg_autopatch.start"
-ENTRY_POINT = "reloadpg_autopatch._bootstrap:activate_from_site"
+ENTRY_POINT = "reloadpg_autopatch._startup.bootstrap:activate_from_site"
 
 
 def guarded_activation() -> None:
@@ -31,7 +31,7 @@ def guarded_activation() -> None:
         return
     sys._reloadpg_autopatch_pth_ran = True
     try:
-        from reloadpg_autopatch._bootstrap import activate_from_site
+        from reloadpg_autopatch._startup.bootstrap import activate_from_site
 
         activate_from_site()
     except BaseException as error:

@@ -112,7 +112,7 @@ def run_demo(
     env = dict(os.environ)
     env["SLIME_RELOADABLE_PG"] = "1"
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-    command = [sys.executable, "-m", "reloadpg_autopatch._demo_rank"]
+    command = [sys.executable, "-m", "reloadpg_autopatch.tools.demo_rank"]
     command += ["--cycles", str(cycles), "--backend", backend]
     if inject_failure is not None:
         command += ["--inject-failure", str(inject_failure)]

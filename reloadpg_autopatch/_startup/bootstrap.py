@@ -17,6 +17,9 @@ ON_VALUES = ("1", "true", "yes", "on")
 OFF_VALUES = ("", "0", "false", "no", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+#: The top-level package: every module of it counts for deferring the patch.
+_PACKAGE = __name__.split(".", 1)[0]
+
 _state = {"activated": False, "warned": set(), "source": None}
 
 
@@ -86,8 +89,8 @@ def patch_now() -> bool:
     """Apply the patch and sweep; report a failure once instead of raising. Returns success."""
     try:
         _configure_logging()
-        from .patch import monkey_patch_torch_dist
-        from .sweep import parse_prefixes
+        from ..patching.apply import monkey_patch_torch_dist
+        from ..patching.sweep import parse_prefixes
 
         prefixes = rebind_prefixes()
         try:
@@ -130,11 +133,11 @@ def activate(source: str) -> None:
     if module is not None and getattr(module, "__spec__", None) is not None:
         patch_now()
         return
-    from . import _hook
+    from . import hook
 
     # The patch is built from our own modules: if one of them is what imports torch, wait
     # until it has finished importing.
-    _hook.install("torch.distributed", patch_now, defer_prefix=__package__ + ".")
+    hook.install("torch.distributed", patch_now, defer_prefix=_PACKAGE + ".")
 
 
 def activate_from_site() -> None:

@@ -8,17 +8,30 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch.distributed as dist
 
-from . import patch, registry, world
-from .group import ReloadableProcessGroup
+from .._originals import destroy_native, original
+from . import registry, world
+from .reloadable import ReloadableProcessGroup
+from .unwrap import unwrap
+
+__all__ = [
+    "adopt",
+    "destroy_process_groups",
+    "end_world",
+    "release",
+    "reload_process_groups",
+    "reloadable_groups",
+    "unwrap",
+]
 
 logger = logging.getLogger("reloadpg_autopatch")
 
 
 def _destroy_world() -> None:
-    patch.original("destroy_process_group")()
+    original("destroy_process_group")()
 
 
 def destroy_process_groups() -> None:
@@ -32,7 +45,7 @@ def destroy_process_groups() -> None:
         swapping = world.needs_swap()
         if swapping:
             world.sync("destroy")
-        count = registry.current().destroy(patch.destroy_native)
+        count = registry.current().destroy(destroy_native)
         if swapping:
             world.swap_out(_destroy_world)
     logger.info(
@@ -58,7 +71,7 @@ def reload_process_groups() -> None:
             # Restoring WORLD tore down every group torch knew, including any created on the
             # temporary WORLD since the destroy: all of them are rebuilt below.
             registry.current().forget_natives()
-        count = registry.current().reload(patch.original("new_group"), patch.destroy_native)
+        count = registry.current().reload(original("new_group"), destroy_native)
     logger.info(
         "reloaded %d process groups%s in %.1f ms",
         count,
@@ -70,3 +83,39 @@ def reload_process_groups() -> None:
 def reloadable_groups() -> list[ReloadableProcessGroup]:
     """The reloadable groups of this process that the program still holds."""
     return registry.current().live_groups()
+
+
+def adopt(native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Record a group creation and wrap the result when this rank is a member."""
+    if native is not None and not isinstance(native, int) and type(native) is not dist.ProcessGroup:
+        logger.debug("leaving %s native: new_group returned a custom class", type(native).__name__)
+        return native
+    record = registry.current().add(args, kwargs)
+    record.native = native
+    if type(native) is dist.ProcessGroup:
+        return ReloadableProcessGroup(native, None, _record=record)
+    return native  # NON_GROUP_MEMBER (or None with use_local_synchronization)
+
+
+def release(group: Any) -> bool:
+    """Destroy one of our groups for good (through the wrapper or its native handle).
+
+    Returns False when ``group`` is not one of ours, so the caller hands it to torch.
+    """
+    if isinstance(group, ReloadableProcessGroup):
+        registry.current().release(group._record, destroy_native)
+        return True
+    native = unwrap(group)
+    if native is None or native is dist.GroupMember.WORLD:
+        return False
+    record = registry.current().record_of(native)
+    if record is None:
+        return False
+    registry.current().release(record, destroy_native)
+    return True
+
+
+def end_world() -> None:
+    """The program destroyed WORLD: torch tore down every group, and the registration ends."""
+    registry.current().forget_natives()
+    world.forget()

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, _bootstrap, _pth
+from .. import __version__
+from .._startup import bootstrap, pth
 
 
 @dataclass
@@ -81,14 +82,14 @@ def _check_install(report: Report) -> None:
     report.site_dirs = _site_dirs()
     if not report.site_processing:
         report.notes.append(
-            f"site processing is off (python -S): {_pth.PTH_NAME} was not processed in this "
+            f"site processing is off (python -S): {pth.PTH_NAME} was not processed in this "
             "interpreter"
         )
-    report.pth = _installed_file(_pth.PTH_NAME, _pth.render_pth(), report)
-    report.start = _installed_file(_pth.START_NAME, _pth.render_start(), report)
+    report.pth = _installed_file(pth.PTH_NAME, pth.render_pth(), report)
+    report.start = _installed_file(pth.START_NAME, pth.render_start(), report)
     if not report.pth["installed"]:
         report.notes.append(
-            f"{_pth.PTH_NAME} is not in this interpreter's site-packages "
+            f"{pth.PTH_NAME} is not in this interpreter's site-packages "
             f"({', '.join(report.site_dirs)}): install the package into this environment"
         )
     elif not report.pth["current"]:
@@ -96,31 +97,31 @@ def _check_install(report: Report) -> None:
             f"{report.pth['path']} differs from this version's line: reinstall the package"
         )
     if report.pth["installed"] and not report.start["installed"]:
-        report.problems.append(f"{_pth.START_NAME} is missing next to {report.pth['path']}")
+        report.problems.append(f"{pth.START_NAME} is missing next to {report.pth['path']}")
 
 
 def _check_gate(report: Report) -> None:
-    raw = os.environ.get(_bootstrap.GATE)
-    on, problem = _bootstrap.gate_verdict(raw)
+    raw = os.environ.get(bootstrap.GATE)
+    on, problem = bootstrap.gate_verdict(raw)
     verdict = "on" if on else ("invalid" if problem else "off")
-    report.gate = {"variable": _bootstrap.GATE, "value": raw, "verdict": verdict}
+    report.gate = {"variable": bootstrap.GATE, "value": raw, "verdict": verdict}
     if problem:
         report.problems.append(problem)
-    log = os.environ.get(_bootstrap.LOG_ENV)
-    rebind = os.environ.get(_bootstrap.REBIND_ENV)
-    report.options = {_bootstrap.LOG_ENV: log, _bootstrap.REBIND_ENV: rebind}
-    if log and log.strip().upper() not in _bootstrap.LOG_LEVELS:
+    log = os.environ.get(bootstrap.LOG_ENV)
+    rebind = os.environ.get(bootstrap.REBIND_ENV)
+    report.options = {bootstrap.LOG_ENV: log, bootstrap.REBIND_ENV: rebind}
+    if log and log.strip().upper() not in bootstrap.LOG_LEVELS:
         report.problems.append(
-            f"{_bootstrap.LOG_ENV}={log!r} is not a log level; use one of "
-            f"{', '.join(_bootstrap.LOG_LEVELS)}"
+            f"{bootstrap.LOG_ENV}={log!r} is not a log level; use one of "
+            f"{', '.join(bootstrap.LOG_LEVELS)}"
         )
     if rebind and rebind.strip():
-        from .sweep import parse_prefixes
+        from ..patching.sweep import parse_prefixes
 
         try:
             parse_prefixes(rebind)
         except (TypeError, ValueError) as error:
-            report.problems.append(f"{_bootstrap.REBIND_ENV}: {error}")
+            report.problems.append(f"{bootstrap.REBIND_ENV}: {error}")
     if not on:
         return
     if not report.site_processing:
@@ -130,7 +131,7 @@ def _check_gate(report: Report) -> None:
         )
     elif not report.pth["installed"]:
         report.problems.append(
-            f"the gate is on but {_pth.PTH_NAME} is not installed in this interpreter's "
+            f"the gate is on but {pth.PTH_NAME} is not installed in this interpreter's "
             "site-packages: install the package into this environment"
         )
     elif not report.pth["on_sys_path"]:
@@ -156,17 +157,17 @@ def _check_torch(report: Report, imports: list[str]) -> None:
         report.torch = {"version": None, "patched": False}
         report.problems.append(f"cannot import torch.distributed: {type(error).__name__}: {error}")
         return
-    from . import patch
+    from ..patching import state
 
-    report.activation = _bootstrap.status()
-    patched = patch.is_patched()
+    report.activation = bootstrap.status()
+    patched = state.is_patched()
     report.torch = {
         "version": torch.__version__,
         "distributed_available": dist.is_available(),
         "patched": patched,
-        "patched_functions": patch.patched_names(),
+        "patched_functions": state.patched_names(),
         "outer_patch_on_new_group": patched
-        and dist.new_group is not patch.state().wrappers["new_group"],
+        and dist.new_group is not state.current().wrappers["new_group"],
     }
     if report.gate.get("verdict") == "on" and not patched and report.site_processing:
         report.problems.append(
@@ -174,7 +175,7 @@ def _check_torch(report: Report, imports: list[str]) -> None:
             "or the patch failed (see the line it printed on stderr)"
         )
     if patched:
-        from .sweep import find_stale
+        from ..patching.sweep import find_stale
 
         for item in find_stale("*"):
             report.stale.append({"module": item.module, "attribute": item.attribute})
@@ -182,11 +183,11 @@ def _check_torch(report: Report, imports: list[str]) -> None:
             names = ", ".join(f"{s['module']}.{s['attribute']}" for s in report.stale[:10])
             report.problems.append(
                 f"{len(report.stale)} stale reference(s) still hold torch's unpatched "
-                f"functions: {names}; add their packages to {_bootstrap.REBIND_ENV} or call "
+                f"functions: {names}; add their packages to {bootstrap.REBIND_ENV} or call "
                 "reloadpg_autopatch.rebind([...]) after importing them"
             )
     if dist.is_available():
-        from .group import forwarding_report
+        from ..groups.reloadable import forwarding_report
 
         report.forwarding = forwarding_report()
 
@@ -217,8 +218,8 @@ def render(report: Report) -> str:
         f"site-packages: {', '.join(report.site_dirs) or '-'}"
     )
     for label, info, name in (
-        (".pth", report.pth, _pth.PTH_NAME),
-        (".start", report.start, _pth.START_NAME),
+        (".pth", report.pth, pth.PTH_NAME),
+        (".start", report.start, pth.START_NAME),
     ):
         if info.get("installed"):
             state = "current" if info["current"] else "DIFFERENT from this version"

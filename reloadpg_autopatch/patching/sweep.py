@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from . import patch
+from . import state
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -67,10 +67,10 @@ def _matcher(prefixes: tuple[str, ...]) -> Callable[[str], bool]:
 
 
 def _scan(prefixes: tuple[str, ...], fix: bool) -> list[Rebinding]:
-    state = patch.state()
-    if state is None:
+    patch = state.current()
+    if patch is None:
         return []
-    table = state.by_original_id
+    table = patch.by_original_id
     ids = table.keys()
     found: list[Rebinding] = []
     selected = _matcher(prefixes)

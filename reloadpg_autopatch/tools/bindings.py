@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
-import inspect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,28 +127,23 @@ def find_bindings(package: str = "megatron.core") -> list[Binding]:
 
 
 def _torch_object(target: str) -> Any:
-    from . import patch
+    from .. import _originals
 
     owner, _, name = target.rpartition(".")
-    if owner == _DIST:
-        return patch.original(name) if hasattr(importlib.import_module(owner), name) else None
-    return getattr(importlib.import_module(owner), name, None)
+    module = importlib.import_module(owner)
+    if owner in (_DIST, _C10D) and hasattr(module, name):
+        try:
+            return _originals.original(name)
+        except AttributeError:  # not a callable: a class constant or a module
+            return getattr(module, name)
+    return getattr(module, name, None)
 
 
 def takes_group(target: str) -> bool:
     """Whether torch's object behind ``target`` is a callable with a process-group parameter."""
-    from ._wrapgen import group_params, signature_of
-    from .factories import class_group_params
+    from ..patching import rule
 
-    obj = _torch_object(target)
-    if obj is None or inspect.ismodule(obj):
-        return False
-    if isinstance(obj, type):
-        return bool(class_group_params(obj))
-    if not callable(obj):
-        return False
-    signature = signature_of(obj)
-    return signature is not None and bool(group_params(signature))
+    return rule.takes_group(_torch_object(target))
 
 
 def check(bindings: Iterable[Binding]) -> dict[str, list[Binding]]:
@@ -159,7 +153,7 @@ def check(bindings: Iterable[Binding]) -> dict[str, list[Binding]]:
     are ``ignored``: there is nothing to patch in them. A module that fails to import is
     ``unimportable``.
     """
-    from ._wrapgen import is_generated
+    from ..patching.wrapgen import is_generated
 
     result: dict[str, list[Binding]] = {
         "patched": [],

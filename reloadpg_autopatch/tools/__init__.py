@@ -1,0 +1,1 @@
+"""Tools built on the package: the doctor, the demo and its ranks, the launcher, the scanner."""
