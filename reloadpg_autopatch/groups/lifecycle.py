@@ -1,24 +1,36 @@
-"""Destroy and reload every reloadable group of this process (and WORLD when registered).
+"""Create, destroy, reload and release reloadable groups (and WORLD when registered).
 
-Both steps are collective in the SPMD sense: every rank calls them at the same point, as it
-calls ``new_group``. Both are idempotent: a second destroy or reload in a row does nothing.
+Destroy and reload are collective in the SPMD sense: every rank of WORLD calls them at the same
+point of its program, as it calls ``new_group``, though ranks may arrive up to WORLD's timeout
+apart. Both are idempotent: a second call in a row changes nothing.
+
+A reload rebuilds, in creation order, every group some rank still holds, and nothing else:
+before creating anything, the ranks publish through the store which groups they still hold, so
+a group every rank let go of is dropped from the registry on every rank at once, and the
+creations stay aligned. Each group is recreated under the name it always had, with keys under a
+prefix of this generation (``names``), and gets back its timeout and hooks.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native, original
-from . import registry, world
+from . import names, policy, registry, state, world
+from .record import Record, State
 from .reloadable import ReloadableProcessGroup
 from .unwrap import unwrap
 
+logger = logging.getLogger("reloadpg_autopatch")
+
 __all__ = [
-    "adopt",
+    "create",
     "destroy_process_groups",
     "end_world",
     "release",
@@ -27,7 +39,62 @@ __all__ = [
     "unwrap",
 ]
 
-logger = logging.getLogger("reloadpg_autopatch")
+_Native = dist.ProcessGroup
+
+
+def _new_group_signature() -> inspect.Signature:
+    return inspect.signature(original("new_group"))
+
+
+def _check_world(holder: state.ProcessState) -> None:
+    """End the records of a WORLD the program replaced without telling us."""
+    known = holder.known_world
+    if known is not None and c10d._world.default_pg is not known:
+        logger.info("WORLD was destroyed and replaced behind our back: its groups end")
+        end_world()
+
+
+def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Create a group with ``create_native`` (torch's ``new_group``); record and wrap it.
+
+    Per the wrap policy, the group is returned native, or recorded for reload and wrapped when
+    this rank is a member. A creation where this rank is not a member is recorded too: reload
+    replays it while a member needs the group, because torch creates groups collectively.
+    """
+    holder = state.current()
+    with holder.lock:
+        _check_world(holder)
+        try:
+            arguments = _new_group_signature().bind(*args, **kwargs).arguments
+        except TypeError:
+            return create_native(*args, **kwargs)  # raises torch's own error
+        wrap = dist.is_initialized() and policy.should_wrap(
+            arguments.get("ranks"), arguments.get("backend"), world.is_registered()
+        )
+        if not wrap:
+            return create_native(*args, **kwargs)
+        with names.observing() as seen:
+            native = create_native(*args, **kwargs)
+        if holder.known_world is None:
+            holder.known_world = c10d._world.default_pg
+        if type(native) is _Native:
+            record = registry.add(args, kwargs, str(native.group_name), State.LIVE)
+            record.native = native
+            return ReloadableProcessGroup(native, None, _record=record)
+        if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None:
+            registry.add(args, kwargs, seen.last, State.NON_MEMBER)
+        elif native is not None and not isinstance(native, int):
+            logger.debug("leaving %s native: new_group returned a custom class", type(native))
+        return native
+
+
+def _drop_if_abandoned(record: Record) -> None:
+    """A member record whose wrapper the program dropped is released."""
+    if record.member and record.wrapper is None and record.state in (State.LIVE, State.DESTROYED):
+        if record.state is State.LIVE and record.native is not None:
+            destroy_native(record.native)
+        record.native = None
+        record.move(State.RELEASED)
 
 
 def _destroy_world() -> None:
@@ -38,14 +105,29 @@ def destroy_process_groups() -> None:
     """Free the communicators of every reloadable group; the group objects stay valid.
 
     With WORLD registered (``register_default_process_group``) and on an accelerator backend,
-    WORLD is replaced by a temporary gloo WORLD after the ranks have synchronised.
+    WORLD is replaced by a temporary CPU WORLD after the ranks have synchronised.
     """
     started = time.perf_counter()
-    with registry.lock():
-        swapping = world.needs_swap()
-        if swapping:
-            world.sync("destroy")
-        count = registry.current().destroy(destroy_native)
+    holder = state.current()
+    with holder.lock:
+        _check_world(holder)
+        first = not holder.asleep
+        swapping = False
+        if first:
+            holder.asleep = True
+            holder.generation += 1
+            swapping = world.needs_swap()
+            if swapping:
+                world.sync("destroy")
+        count = 0
+        for record in reversed(holder.records):
+            _drop_if_abandoned(record)
+            if record.state is State.LIVE:
+                record.timeout = world.group_timeout(record.native)
+                destroy_native(record.native)
+                record.set_native(None)
+                record.move(State.DESTROYED)
+                count += 1
         if swapping:
             world.swap_out(_destroy_world)
     logger.info(
@@ -54,6 +136,36 @@ def destroy_process_groups() -> None:
         " and swapped WORLD" if swapping else "",
         (time.perf_counter() - started) * 1e3,
     )
+
+
+def _agree_on_needed(holder: state.ProcessState) -> set[str]:
+    """Names of the groups some rank still holds; every rank gets the same set."""
+    store = world.base_store()
+    for record in holder.records:
+        _drop_if_abandoned(record)
+        if record.member and record.state in (State.LIVE, State.DESTROYED):
+            store.set(holder.key("need", record.name), b"1")
+    world.sync("reload")  # every rank has published what it holds
+    return {
+        record.name
+        for record in holder.records
+        if record.name is not None and store.check([holder.key("need", record.name)])
+    }
+
+
+def _creation_call(record: Record) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The record's ``new_group`` arguments, with the timeout the group last had."""
+    if record.timeout is None:
+        return record.args, dict(record.kwargs)
+    bound = _new_group_signature().bind(*record.args, **record.kwargs)
+    bound.arguments["timeout"] = record.timeout
+    return bound.args, bound.kwargs
+
+
+def _create_again(record: Record) -> Any:
+    args, kwargs = _creation_call(record)
+    with names.forcing(record.name):
+        return original("new_group")(*args, **kwargs)
 
 
 def reload_process_groups() -> None:
@@ -65,36 +177,49 @@ def reload_process_groups() -> None:
             "the program destroyed it)"
         )
     started = time.perf_counter()
-    with registry.lock():
+    holder = state.current()
+    with holder.lock:
+        _check_world(holder)
+        if not holder.asleep:
+            return
+        holder.generation += 1
+        needed = _agree_on_needed(holder)
         swapped = world.swap_in(_destroy_world)
-        if swapped:
-            # Restoring WORLD tore down every group torch knew, including any created on the
-            # temporary WORLD since the destroy: all of them are rebuilt below.
-            registry.current().forget_natives()
-        count = registry.current().reload(original("new_group"), destroy_native)
+        rebuilt = taken_part = 0
+        with names.keys_under(holder.key("groups") + "/"):
+            for record in holder.records:
+                if swapped and record.state is State.LIVE:
+                    # Restoring WORLD tore down every group, also those made while it slept.
+                    record.set_native(None)
+                    record.move(State.DESTROYED)
+                if record.name not in needed and record.state in (
+                    State.RELEASED,
+                    State.NON_MEMBER,
+                ):
+                    record.move(State.ENDED)
+                elif record.state is State.DESTROYED:
+                    native = _create_again(record)
+                    record.set_native(native)
+                    record.move(State.LIVE)
+                    for method, args, kwargs in record.hooks:
+                        getattr(native, method)(*args, **kwargs)
+                    rebuilt += 1
+                elif record.state in (State.RELEASED, State.NON_MEMBER):
+                    # A peer still holds it: take part in its creation, keep nothing.
+                    native = _create_again(record)
+                    if type(native) is _Native:
+                        destroy_native(native)
+                    taken_part += 1
+        dropped = registry.prune()
+        holder.asleep = False
     logger.info(
-        "reloaded %d process groups%s in %.1f ms",
-        count,
+        "reloaded %d process groups%s in %.1f ms (took part in %d more, forgot %d)",
+        rebuilt,
         " and WORLD" if swapped else "",
         (time.perf_counter() - started) * 1e3,
+        taken_part,
+        dropped,
     )
-
-
-def reloadable_groups() -> list[ReloadableProcessGroup]:
-    """The reloadable groups of this process that the program still holds."""
-    return registry.current().live_groups()
-
-
-def adopt(native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Record a group creation and wrap the result when this rank is a member."""
-    if native is not None and not isinstance(native, int) and type(native) is not dist.ProcessGroup:
-        logger.debug("leaving %s native: new_group returned a custom class", type(native).__name__)
-        return native
-    record = registry.current().add(args, kwargs)
-    record.native = native
-    if type(native) is dist.ProcessGroup:
-        return ReloadableProcessGroup(native, None, _record=record)
-    return native  # NON_GROUP_MEMBER (or None with use_local_synchronization)
 
 
 def release(group: Any) -> bool:
@@ -103,19 +228,45 @@ def release(group: Any) -> bool:
     Returns False when ``group`` is not one of ours, so the caller hands it to torch.
     """
     if isinstance(group, ReloadableProcessGroup):
-        registry.current().release(group._record, destroy_native)
-        return True
-    native = unwrap(group)
-    if native is None or native is dist.GroupMember.WORLD:
-        return False
-    record = registry.current().record_of(native)
-    if record is None:
-        return False
-    registry.current().release(record, destroy_native)
+        record = group._record
+    else:
+        native = unwrap(group)
+        if native is None or native is dist.GroupMember.WORLD:
+            return False
+        record = registry.record_of(native)
+        if record is None:
+            return False
+    with registry.lock():
+        if record.state is State.LIVE and record.native is not None:
+            destroy_native(record.native)
+        if record.state in (State.LIVE, State.DESTROYED):
+            record.set_native(None)
+            record.move(State.RELEASED)
     return True
 
 
 def end_world() -> None:
-    """The program destroyed WORLD: torch tore down every group, and the registration ends."""
-    registry.current().forget_natives()
-    world.forget()
+    """The program destroyed WORLD: torch tore down every group, and this world's records end."""
+    holder = state.current()
+    with holder.lock:
+        for record in holder.records:
+            record.set_native(None)
+            record.ended_with_world = True
+            if record.state is not State.ENDED:
+                record.move(State.ENDED)
+        registry.prune()
+        holder.world = None
+        holder.known_world = None
+        holder.epoch += 1
+        holder.generation = 0
+        holder.asleep = False
+
+
+def reloadable_groups() -> list[ReloadableProcessGroup]:
+    """The reloadable groups of this process that the program still holds."""
+    out = []
+    for record in registry.members():
+        wrapper = record.wrapper
+        if wrapper is not None and record.state in (State.LIVE, State.DESTROYED):
+            out.append(wrapper)
+    return out

@@ -1,8 +1,8 @@
 """Which new groups become reloadable.
 
-slime's rule, the default (``"auto"``): gloo-only groups and single-rank groups hold no
-accelerator memory, so they stay native, unless WORLD is registered for reload, because
-destroying WORLD tears down every group torch knows, gloo and single-rank ones included.
+slime's rule, the default (``"auto"``): groups that hold no accelerator memory (their backend
+serves the CPU, as gloo does) and single-rank groups stay native, unless WORLD is registered
+for reload, because destroying WORLD tears down every group torch knows, those included.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Union
 
 import torch.distributed as dist
+
+from .backends import holds_accelerator_memory
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,9 @@ _policy: Policy = "auto"
 def set_wrap_policy(policy: Policy) -> None:
     """Choose which groups ``new_group`` makes reloadable.
 
-    ``"auto"`` (default): all but gloo-only and single-rank groups, and every group once WORLD
-    is registered; ``"all"``: every group; ``"none"``: none (the patch then only unwraps);
-    or a callable taking a ``GroupSpec`` and returning whether to wrap.
+    ``"auto"`` (default): all but CPU-backend (gloo) and single-rank groups, and every group
+    once WORLD is registered; ``"all"``: every group; ``"none"``: none (the patch then only
+    unwraps); or a callable taking a ``GroupSpec`` and returning whether to wrap.
     """
     global _policy
     if not (callable(policy) or policy in POLICIES):
@@ -51,16 +53,6 @@ def get_wrap_policy() -> Policy:
     return _policy
 
 
-def backend_names(backend: object) -> tuple[str, ...]:
-    """The backend names inside a backend string such as ``"cpu:gloo,cuda:nccl"``."""
-    names = []
-    for part in str(backend).lower().split(","):
-        name = part.rsplit(":", 1)[-1].strip()
-        if name:
-            names.append(name)
-    return tuple(names)
-
-
 def should_wrap(ranks: Sequence[int] | None, backend: object, world_registered: bool) -> bool:
     """Apply the policy in force to a group with these ranks and this (resolved) backend."""
     policy = _policy
@@ -74,5 +66,4 @@ def should_wrap(ranks: Sequence[int] | None, backend: object, world_registered: 
         return bool(policy(GroupSpec(resolved_ranks, resolved_backend, world_registered)))
     if world_registered:
         return True
-    gloo_only = set(backend_names(resolved_backend)) <= {"gloo"}
-    return not gloo_only and len(resolved_ranks) > 1
+    return holds_accelerator_memory(resolved_backend) and len(resolved_ranks) > 1

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
 
-from . import registry
+from . import registry, state
+from .record import Record, State
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -39,9 +41,8 @@ class ReloadableProcessGroup(_NativeProcessGroup):
 
     Instances are normally made by the patched ``torch.distributed.new_group``. Building one
     directly registers it for reload with ``group_args``/``group_kwargs`` (default:
-    ``ranks=ranks``), which reload passes to ``torch.distributed.new_group`` on this rank. Every
-    rank must then register the same creation at the same point, non-members included (torch
-    names groups after a process-wide counter), which is what the patched ``new_group`` does.
+    ``ranks=ranks``), which reload passes to torch's ``new_group`` on this rank, under the
+    group's current name.
     """
 
     # A slot makes ``.group`` a direct read (7 ns instead of 19 ns for a dict attribute): the
@@ -57,7 +58,7 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         group_args: Sequence[Any] = (),
         group_kwargs: dict[str, Any] | None = None,
         *,
-        _record: registry.Record | None = None,
+        _record: Record | None = None,
     ) -> None:
         if type(group) is not _NativeProcessGroup:
             raise TypeError(
@@ -72,10 +73,16 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         if _record is None:
             if not group_args and not group_kwargs:
                 group_kwargs = {"ranks": self.ranks}
-            _record = registry.current().add(group_args, group_kwargs or {})
+            _record = registry.add(group_args, group_kwargs or {}, group.group_name, State.LIVE)
             _record.native = group
+            holder = state.current()
+            if holder.known_world is None:
+                holder.known_world = dist.GroupMember.WORLD
         self._record = _record
         _record.attach(self)
+        from . import aliases  # imports this module: installed on the first group, not before
+
+        aliases.install()
 
     # slime exposes the creation arguments under this name; keep it for code that reads it.
     @property
@@ -99,7 +106,14 @@ class ReloadableProcessGroup(_NativeProcessGroup):
 
     def destroyed_error(self, what: str) -> RuntimeError:
         """The error for using this group while it has no native group."""
-        if self._record.released:
+        record = self._record
+        if record.state is State.ENDED and record.ended_with_world:
+            return RuntimeError(
+                f"{self.describe()} belonged to a WORLD that was destroyed "
+                "(torch.distributed.destroy_process_group()) and cannot be used "
+                f"({what}); its world was destroyed: create a new group in the current world"
+            )
+        if record.state in (State.RELEASED, State.ENDED):
             return RuntimeError(
                 f"{self.describe()} was released with torch.distributed.destroy_process_group() "
                 f"and cannot be used ({what}); create a new group instead"
@@ -110,8 +124,7 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         )
 
     def __repr__(self) -> str:
-        state = "destroyed" if self.group is None else "live"
-        return f"<{self.describe()} {state}>"
+        return f"<{self.describe()} {self._record.state.value}>"
 
     # Groups are handles to communicators: copying one must give the same group, as it does
     # for the native class (Megatron deep-copies configs that hold groups).
@@ -133,6 +146,39 @@ def _forward_method(name: str, base: Any) -> Any:
     method.__qualname__ = f"ReloadableProcessGroup.{name}"
     method.__doc__ = getattr(base, "__doc__", None)
     return method
+
+
+def _recording_method(name: str, base: Any, unregisters: str | None) -> Any:
+    """A forwarder for a hook (un)registration, which the record keeps to replay on reload."""
+
+    def method(self: ReloadableProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        inner = self.group
+        if inner is None:
+            raise self.destroyed_error(f"{name}()")
+        result = getattr(inner, name)(*args, **kwargs)
+        hooks = self._record.hooks
+        if unregisters is None:
+            hooks.append((name, args, kwargs))
+        else:  # unregister_X_hook(hook_id): forget the registrations under that id
+            hook_id = args[0] if args else kwargs.get("hook_id")
+            hooks[:] = [h for h in hooks if not (h[0] == unregisters and _hook_id(h) == hook_id)]
+        return result
+
+    method.__name__ = name
+    method.__qualname__ = f"ReloadableProcessGroup.{name}"
+    method.__doc__ = getattr(base, "__doc__", None)
+    return method
+
+
+def _hook_id(registration: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Any:
+    _, args, kwargs = registration
+    return args[0] if args else kwargs.get("hook_id")
+
+
+# Hooks live on the native group and die with it; these registrations are replayed on each new
+# one. torch 2.14 has register_/unregister_{pre,post,abort}_hook, and every version has
+# _register_on_completion_hook.
+_HOOK_REGISTRATION = re.compile(r"^_?(un)?register_(\w+)_hook$")
 
 
 def _forward_property(name: str, base: property) -> property:
@@ -166,7 +212,12 @@ def _install_forwarders(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
         elif isinstance(raw, (staticmethod, classmethod, type)) or not callable(raw):
             continue  # class-level data and helpers behave the same on the subclass
         else:
-            setattr(cls, name, _forward_method(name, raw))
+            match = _HOOK_REGISTRATION.match(name)
+            if match is None:
+                setattr(cls, name, _forward_method(name, raw))
+            else:
+                unregisters = name.replace("unregister_", "register_") if match[1] else None
+                setattr(cls, name, _recording_method(name, raw, unregisters))
             methods.append(name)
     return tuple(methods), tuple(properties)
 

@@ -2,15 +2,14 @@
 
 The default group holds an accelerator communicator like any other, but torch cannot run
 without *a* default group: ``get_rank()``, object collectives and new groups all need one. So a
-destroy swaps the accelerator WORLD for a temporary gloo WORLD, and a reload swaps it back. Both
-are built on the store WORLD was created with, each under a fresh ``PrefixStore`` namespace per
-generation, so no key of an earlier generation can be mistaken for a new one.
+destroy swaps an accelerator WORLD for a temporary CPU WORLD, and a reload swaps it back. Both
+are built on the store WORLD was created with, under keys no other generation uses, with the
+timeout, bound device and options WORLD had, and under the name it had.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,72 +18,87 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from . import policy
+from . import names, state
+from .backends import component_names, holds_accelerator_memory
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-#: Backends whose WORLD holds accelerator memory and is swapped out on destroy.
-DEFAULT_ACCELERATOR_BACKENDS = ("nccl", "xccl", "hccl", "mccl", "cncl")
-
-_NAMESPACE = "reloadpg_autopatch/world"
-
 
 @dataclass
-class WorldState:
+class Registration:
     """What is needed to rebuild WORLD exactly as it was."""
 
     backend: str
-    timeout: timedelta | None
+    timeout: timedelta
     store: Any
     rank: int
     world_size: int
     device_id: Any
+    pg_options: Any
     swap: bool
     temporary_backend: str
-    generation: int = 0
     swapped: bool = False
 
 
-_STATES: dict[int, WorldState] = {}
+def group_timeout(group: Any) -> timedelta | None:
+    """The timeout a native group runs with now (``set_timeout`` included), if torch says."""
+    for device in getattr(group, "_device_types", ()):
+        try:
+            backend = group._get_backend(device)
+        except RuntimeError:
+            continue
+        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
 
 
-def state() -> WorldState | None:
-    """This process's registration, if WORLD is registered."""
-    return _STATES.get(os.getpid())
-
-
-def is_registered() -> bool:
-    """Whether WORLD takes part in destroy/reload in this process."""
-    return os.getpid() in _STATES
+def _accelerator_options(group: Any, backend: str) -> Any:
+    """The options object of WORLD's accelerator backend (NCCL's), to rebuild it with."""
+    for device in getattr(group, "_device_types", ()):
+        if device.type == "cpu":
+            continue
+        try:
+            options = getattr(group._get_backend(device), "options", None)
+        except RuntimeError:
+            continue
+        if options is not None and holds_accelerator_memory(backend):
+            return options
+    return None
 
 
 def register_default_process_group(
     timeout: timedelta | None = None,
     *,
-    accelerator_backends: Iterable[str] = DEFAULT_ACCELERATOR_BACKENDS,
+    accelerator_backends: Iterable[str] | None = None,
     temporary_backend: str = "gloo",
 ) -> None:
     """Register WORLD so that ``destroy_process_groups()`` also frees its communicator.
 
     Call it right after ``init_process_group`` and before creating groups: from then on every
     new group is reloadable, because destroying WORLD tears down every group torch knows.
-    ``accelerator_backends`` names the backends whose WORLD is swapped for a temporary
-    ``temporary_backend`` WORLD on destroy (tests on CPU pass ``("gloo",)`` to exercise the
-    swap); a WORLD on any other backend is left alone. ``timeout`` is what WORLD is rebuilt
-    with and how long the ranks wait for each other (None: torch's default for the backend).
+    WORLD is swapped for a temporary ``temporary_backend`` WORLD on destroy when its backend
+    holds accelerator memory, as torch registers it (a backend that serves no CPU device:
+    ``nccl``, ``xccl``, ``nccl2``...). ``accelerator_backends`` names the backends to swap
+    instead (tests on CPU pass ``("gloo",)`` to exercise the swap). ``timeout`` is what WORLD is
+    rebuilt with; by default, the timeout WORLD has now.
     """
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(
             f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}"
         )
-    backends = (
-        (accelerator_backends,)
-        if isinstance(accelerator_backends, str)
-        else tuple(accelerator_backends)
-    )
-    if not all(isinstance(b, str) and b for b in backends):
-        raise TypeError(f"accelerator_backends must be backend names, got {backends!r}")
-    names = tuple(b.lower() for b in backends)
+    chosen: tuple[str, ...] | None = None
+    if accelerator_backends is not None:
+        chosen = (
+            (accelerator_backends,)
+            if isinstance(accelerator_backends, str)
+            else tuple(accelerator_backends)
+        )
+        if not all(isinstance(b, str) and b for b in chosen):
+            raise TypeError(
+                "accelerator_backends must be backend names such as 'nccl' (or None to use "
+                f"the backends torch registers for accelerators only), got {chosen!r}"
+            )
     if not isinstance(temporary_backend, str) or not temporary_backend:
         raise TypeError(f"temporary_backend must be a backend name, got {temporary_backend!r}")
     if not dist.is_initialized():
@@ -94,91 +108,121 @@ def register_default_process_group(
         )
     backend = str(c10d.get_backend())
     default_group = c10d._get_default_group()
-    registration = WorldState(
+    if chosen is None:
+        swap = holds_accelerator_memory(backend)
+    else:
+        swap = bool(set(component_names(backend)) & {b.lower() for b in chosen})
+    holder = state.current()
+    holder.world = Registration(
         backend=backend,
-        timeout=timeout,
+        timeout=timeout or group_timeout(default_group) or c10d._get_default_timeout(backend),
         store=c10d._get_default_store(),
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         device_id=default_group.bound_device_id,
-        swap=bool(set(policy.backend_names(backend)) & set(names)),
+        pg_options=_accelerator_options(default_group, backend),
+        swap=swap,
         temporary_backend=temporary_backend,
     )
-    _STATES[os.getpid()] = registration
+    holder.known_world = default_group
     logger.info(
-        "registered WORLD for reload: backend=%s rank=%d world_size=%d swap=%s",
+        "registered WORLD for reload: backend=%s rank=%d world_size=%d swap=%s timeout=%s",
         backend,
-        registration.rank,
-        registration.world_size,
-        registration.swap,
+        holder.world.rank,
+        holder.world.world_size,
+        swap,
+        holder.world.timeout,
     )
 
 
-def forget() -> None:
-    """Drop the registration (the program destroyed WORLD itself)."""
-    _STATES.pop(os.getpid(), None)
+def registration() -> Registration | None:
+    """This process's registration, if WORLD is registered."""
+    return state.current().world
+
+
+def is_registered() -> bool:
+    """Whether WORLD takes part in destroy/reload in this process."""
+    return state.current().world is not None
 
 
 def needs_swap() -> bool:
     """Whether the next destroy replaces WORLD (registered, accelerator, not swapped yet)."""
-    registration = state()
-    return registration is not None and registration.swap and not registration.swapped
+    world = registration()
+    return world is not None and world.swap and not world.swapped
+
+
+def base_store() -> Any:
+    """The store every rank shares for the life of this world (it outlives WORLD itself)."""
+    world = registration()
+    return world.store if world is not None else c10d._get_default_store()
+
+
+def world_timeout() -> timedelta:
+    world = registration()
+    if world is not None:
+        return world.timeout
+    default = c10d._get_default_group()
+    return group_timeout(default) or c10d._get_default_timeout(str(c10d.get_backend()))
+
+
+def world_size() -> int:
+    world = registration()
+    return world.world_size if world is not None else dist.get_world_size()
 
 
 def sync(step: str) -> None:
-    """Wait until every rank reaches ``step``, through the store WORLD was created with.
+    """Wait until every rank reaches ``step`` of this generation, through the base store.
 
-    The store outlives every communicator, so it can sync ranks while WORLD is being replaced.
+    The store outlives every communicator, so it can sync ranks while WORLD is replaced, and
+    ranks may arrive up to WORLD's timeout apart.
     """
-    registration = state()
-    if registration is None:
-        return
-    key = f"{_NAMESPACE}/{registration.generation}/{step}"
-    if registration.store.add(key, 1) == registration.world_size:
-        registration.store.set(f"{key}/done", b"1")
-    registration.store.wait([f"{key}/done"], registration.timeout or registration.store.timeout)
+    store = base_store()
+    key = state.current().key("sync", step)
+    if store.add(key, 1) == world_size():
+        store.set(f"{key}/done", b"1")
+    store.wait([f"{key}/done"], world_timeout())
 
 
-def _init_world(registration: WorldState, backend: str, destroy_all: Callable[[], None]) -> None:
-    registration.generation += 1
-    destroy_all()
-    store = dist.PrefixStore(
-        f"{_NAMESPACE}/{registration.generation}/{backend}/", registration.store
-    )
-    kwargs: dict[str, Any] = {}
-    if backend == registration.backend and registration.device_id is not None:
-        kwargs["device_id"] = registration.device_id
-    dist.init_process_group(
-        backend=backend,
-        store=store,
-        rank=registration.rank,
-        world_size=registration.world_size,
-        timeout=registration.timeout,
-        **kwargs,
-    )
+def _init_world(world: Registration, backend: str, destroy_all: Callable[[], None]) -> None:
+    holder = state.current()
+    with names.preserved_group_count():
+        destroy_all()
+        store = dist.PrefixStore(holder.key("world", backend) + "/", world.store)
+        kwargs: dict[str, Any] = {}
+        if backend == world.backend:
+            if world.device_id is not None:
+                kwargs["device_id"] = world.device_id
+            if world.pg_options is not None:
+                kwargs["pg_options"] = world.pg_options
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=world.rank,
+            world_size=world.world_size,
+            timeout=world.timeout,
+            **kwargs,
+        )
+    holder.known_world = c10d._get_default_group()
 
 
 def swap_out(destroy_all: Callable[[], None]) -> None:
     """Replace the accelerator WORLD with the temporary one (callers check ``needs_swap``)."""
-    registration = state()
-    assert registration is not None
-    _init_world(registration, registration.temporary_backend, destroy_all)
-    registration.swapped = True
+    world = registration()
+    assert world is not None
+    world.timeout = group_timeout(c10d._get_default_group()) or world.timeout
+    _init_world(world, world.temporary_backend, destroy_all)
+    world.swapped = True
     logger.info(
-        "replaced %s WORLD with a temporary %s WORLD (generation %d)",
-        registration.backend,
-        registration.temporary_backend,
-        registration.generation,
+        "replaced %s WORLD with a temporary %s WORLD", world.backend, world.temporary_backend
     )
 
 
 def swap_in(destroy_all: Callable[[], None]) -> bool:
     """Restore the original WORLD if it was swapped out. Returns whether it did."""
-    registration = state()
-    if registration is None or not registration.swapped:
+    world = registration()
+    if world is None or not world.swapped:
         return False
-    sync("reload")
-    _init_world(registration, registration.backend, destroy_all)
-    registration.swapped = False
-    logger.info("restored %s WORLD (generation %d)", registration.backend, registration.generation)
+    _init_world(world, world.backend, destroy_all)
+    world.swapped = False
+    logger.info("restored %s WORLD", world.backend)
     return True

@@ -3,38 +3,83 @@
 ``new_group`` hands each creation to the group lifecycle, which records it (member or not) so
 that reload can replay it, and wraps it per the wrap policy. ``destroy_process_group`` releases
 a reloadable group for good, or, given WORLD, ends every group of that world.
+
+Frameworks patch ``torch.distributed.new_group`` on top of ours. A layer that wraps groups
+itself (slime's ``monkey_patch_torch_dist`` does, and says so by setting
+``torch.distributed.old_new_group``; any layer can say so by setting
+``__reloadpg_outer_wraps__ = True`` on its function) owns wrapping: we hand it native groups, so
+nothing is wrapped twice, and log once which layer we stepped back for. Any other layer (a
+logging or profiling shim that passes the call through) gets our reloadable groups.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
-from ..groups import lifecycle, policy, world
+from ..groups import lifecycle, state
 from .wrapgen import mark
 
+logger = logging.getLogger("reloadpg_autopatch")
 
-def make_new_group(original: Callable[..., Any], namespace: Any) -> Callable[..., Any]:
+#: Set to True on an outer ``new_group`` to declare that it wraps the groups we hand it.
+OUTER_WRAPS = "__reloadpg_outer_wraps__"
+#: What slime's patch sets on the namespace: the ``new_group`` it wraps.
+SLIME_DECLARATION = "old_new_group"
+
+
+def _label(func: Any) -> str:
+    module = getattr(func, "__module__", None) or "?"
+    return f"{module}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def outer_wraps(outer: Any, namespace: Any) -> str | None:
+    """Why ``outer`` (the namespace's ``new_group``, not ours) owns wrapping, or None."""
+    if getattr(outer, OUTER_WRAPS, False) is True:
+        return f"it sets {OUTER_WRAPS}"
+    if getattr(namespace, SLIME_DECLARATION, None) is not None:
+        return f"torch.distributed.{SLIME_DECLARATION} is set, as slime's patch sets it"
+    return None
+
+
+def _step_back(outer: Any, reason: str) -> None:
+    label = _label(outer)
+    layers = state.current().outer_layers
+    if label in layers:
+        return
+    layers.add(label)
+    logger.warning(
+        "torch.distributed.new_group is %s, applied on top of reloadpg_autopatch, and it wraps "
+        "the groups it creates (%s): reloadpg_autopatch hands it native groups and leaves "
+        "their destroy/reload to it",
+        label,
+        reason,
+    )
+
+
+def make_new_group(
+    original: Callable[..., Any], namespace: Any, *, outermost_check: bool
+) -> Callable[..., Any]:
     """``new_group`` that returns reloadable groups per the wrap policy.
 
-    When another framework has patched ``torch.distributed.new_group`` on top of ours, it owns
-    wrapping: we hand it native groups, so nothing is wrapped twice.
+    ``outermost_check``: this is the function installed in the namespace, where an outer layer
+    may sit on top and own wrapping. The copy in ``distributed_c10d`` is reached by torch's
+    own modules directly, with no outer layer in between, so it always wraps.
     """
-    signature = inspect.signature(original)
 
     def new_group(*args: Any, **kwargs: Any) -> Any:
-        native = original(*args, **kwargs)
-        if namespace.new_group is not new_group:
-            return native  # an outer patch calls us and wraps the result itself
-        arguments = signature.bind(*args, **kwargs).arguments
-        if not policy.should_wrap(
-            arguments.get("ranks"), arguments.get("backend"), world.is_registered()
-        ):
-            return native
-        return lifecycle.adopt(native, args, kwargs)
+        if outermost_check:
+            outer = namespace.new_group
+            if outer is not new_group:
+                reason = outer_wraps(outer, namespace)
+                if reason is not None:
+                    _step_back(outer, reason)
+                    return original(*args, **kwargs)
+        return lifecycle.create(original, args, kwargs)
 
     return mark(new_group, original)
 

@@ -2,7 +2,8 @@
 
 Its wrapper class overrides only the ``ProcessGroup`` method names of torch before 2.13, its
 ``new_group`` wraps whatever the previous ``new_group`` returns, and its collectives unwrap
-its own class and call the previous function. That is the shape of slime's
+its own class and call the previous function. Like slime, it records the ``new_group`` it wraps
+as ``torch.distributed.old_new_group``. That is the shape of slime's
 ``monkey_patch_torch_dist()`` as applied in its Megatron actor, after Megatron was imported.
 """
 
@@ -40,6 +41,7 @@ def apply() -> tuple[type, Any, Any]:
             return self.group.size()
 
     previous_new_group = dist.new_group
+    dist.old_new_group = previous_new_group  # slime declares its layer so, and wraps itself
     created: list[SlimeLikeGroup] = []
 
     def new_group(*args: Any, **kwargs: Any) -> SlimeLikeGroup:

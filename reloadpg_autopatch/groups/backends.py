@@ -1,0 +1,33 @@
+"""Which backends hold accelerator memory, as the installed torch registers them.
+
+``Backend.backend_capability`` maps each backend to the device types it serves: ``gloo``, ``ucc``
+and ``mpi`` list ``cpu`` and ``cuda``, ``nccl`` only ``cuda``, ``xccl`` only ``xpu``, and a
+backend registered later (torch 2.14's ``nccl2``, a vendor plugin) lists what it was registered
+with. A backend that serves no CPU device can only hold accelerator memory, so that is the rule:
+no list of names to keep up to date.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+def component_names(backend: object) -> tuple[str, ...]:
+    """The backend names inside a backend string such as ``"cpu:gloo,cuda:nccl"``."""
+    names = []
+    for part in str(backend).lower().split(","):
+        name = part.rsplit(":", 1)[-1].strip()
+        if name:
+            names.append(name)
+    return tuple(names)
+
+
+def serves_only_accelerators(name: str) -> bool:
+    """Whether torch registered backend ``name`` for no CPU device (unknown names: False)."""
+    devices = dist.Backend.backend_capability.get(name.lower())
+    return bool(devices) and "cpu" not in devices
+
+
+def holds_accelerator_memory(backend: object) -> bool:
+    """Whether a backend in ``backend`` (``"nccl"``, ``"cpu:gloo,cuda:nccl"``) needs no CPU."""
+    return any(serves_only_accelerators(name) for name in component_names(backend))

@@ -1,0 +1,104 @@
+"""Group names and rendezvous keys: the one owner of both.
+
+torch names a group once, when it is created, and everything that caches a group by name
+(DeviceMesh, functional collectives, compiled graphs, ``_resolve_process_group``) keeps that
+name. So a reload creates every native group under the name its first incarnation got, on every
+rank. The rendezvous keys, though, must be new each time: a rank that reaches reload seconds
+after its peers must never read the addresses they published in an earlier generation. torch
+derives both from one value (the store prefix is the group name), so during a replay the name
+is forced to the recorded one and the default store is swapped for one under a key prefix that
+no other generation uses. Both substitutions are undone as soon as the creation returns.
+
+torch also resets its group counter when WORLD is destroyed, which is how a swap of WORLD would
+hand later groups the names of live ones: ``preserved_group_count`` keeps it monotonic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+#: torch's type for group names (a ``NewType`` of ``str``).
+_GROUP_NAME = getattr(c10d, "GroupName", str)
+
+
+class Observed:
+    """The names torch computed during an ``observing()`` block, in order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    @property
+    def last(self) -> str | None:
+        return self.names[-1] if self.names else None
+
+
+@contextlib.contextmanager
+def _namer(replacement: Any) -> Iterator[None]:
+    previous = c10d._process_group_name
+    c10d._process_group_name = replacement
+    try:
+        yield
+    finally:
+        c10d._process_group_name = previous
+
+
+@contextlib.contextmanager
+def observing() -> Iterator[Observed]:
+    """Record the name torch gives each group created in the block (members or not)."""
+    observed = Observed()
+    inner = c10d._process_group_name
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        name = inner(*args, **kwargs)
+        observed.names.append(str(name))
+        return name
+
+    with _namer(recording):
+        yield observed
+
+
+@contextlib.contextmanager
+def forcing(name: str) -> Iterator[None]:
+    """The next group torch names in the block gets ``name`` (the group counter stays put)."""
+    pending = [name]
+    inner = c10d._process_group_name
+
+    def forced(*args: Any, **kwargs: Any) -> Any:
+        if pending:
+            return _GROUP_NAME(pending.pop())
+        return inner(*args, **kwargs)
+
+    with _namer(forced):
+        yield
+
+
+@contextlib.contextmanager
+def keys_under(prefix: str) -> Iterator[None]:
+    """Groups created in the block rendezvous under ``prefix`` in the default store."""
+    world = c10d._world
+    default = world.default_pg
+    if default is None:
+        raise RuntimeError("no default group: torch.distributed is not initialized")
+    backend, store = world.pg_map[default]
+    world.pg_map[default] = (backend, dist.PrefixStore(prefix, store))
+    try:
+        yield
+    finally:
+        if world.default_pg is default and default in world.pg_map:
+            world.pg_map[default] = (backend, store)
+
+
+@contextlib.contextmanager
+def preserved_group_count() -> Iterator[None]:
+    """Keep torch's group counter from going back (destroying WORLD resets it to 0)."""
+    world = c10d._world
+    saved = world.group_count
+    try:
+        yield
+    finally:
+        world.group_count = max(saved, world.group_count)

@@ -1,0 +1,112 @@
+"""One recorded group creation and its life, as an explicit state machine.
+
+A record stands for one ``new_group`` call that reload may have to replay. Its state says what
+this rank holds for it; ``TRANSITIONS`` lists every move allowed, and ``Record.move`` refuses the
+others, so a lifecycle bug surfaces as an error at the step that made it, not as a wrong group
+several cycles later.
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+
+class State(enum.Enum):
+    """What this rank holds for a recorded group."""
+
+    #: This rank is a member and a native group serves it.
+    LIVE = "live"
+    #: A member whose native group ``destroy_process_groups()`` freed; reload rebuilds it.
+    DESTROYED = "destroyed"
+    #: This rank is not in the group. Reload replays the creation while a member needs it,
+    #: because torch creates a group collectively (a communicator split, for instance).
+    NON_MEMBER = "non-member"
+    #: The program let go of it: ``destroy_process_group(g)``, or it dropped the last
+    #: reference. Reload still takes part in its creation (and frees it at once) while a
+    #: peer needs it.
+    RELEASED = "released"
+    #: Never used again: its world was destroyed, or every rank agreed nobody needs it.
+    ENDED = "ended"
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.LIVE: frozenset({State.DESTROYED, State.RELEASED, State.ENDED}),
+    State.DESTROYED: frozenset({State.LIVE, State.RELEASED, State.ENDED}),
+    State.NON_MEMBER: frozenset({State.ENDED}),
+    State.RELEASED: frozenset({State.ENDED}),
+    State.ENDED: frozenset(),
+}
+
+
+class TransitionError(RuntimeError):
+    """A lifecycle step tried a move that ``TRANSITIONS`` does not allow."""
+
+
+def _copy_arg(value: Any) -> Any:
+    # The caller may reuse and mutate its ranks list after creating the group.
+    return list(value) if isinstance(value, list) else value
+
+
+class Record:
+    """One ``new_group`` call: its arguments, its name, its state and its native group."""
+
+    __slots__ = (
+        "_ref",
+        "args",
+        "ended_with_world",
+        "hooks",
+        "kwargs",
+        "name",
+        "native",
+        "state",
+        "timeout",
+    )
+
+    def __init__(
+        self, args: Sequence[Any], kwargs: dict[str, Any], name: str | None, state: State
+    ) -> None:
+        self.args = tuple(_copy_arg(a) for a in args)
+        self.kwargs = {k: _copy_arg(v) for k, v in kwargs.items()}
+        #: The name torch gave the first incarnation; every later one is created under it.
+        self.name = name
+        self.state = state
+        self.native: Any = None
+        self._ref: weakref.ref[Any] | None = None
+        self.ended_with_world = False
+        #: The timeout the native group had when it was destroyed (``set_timeout`` included).
+        self.timeout: Any = None
+        #: Hooks registered on the group after creation, replayed on every new native group:
+        #: ``(method name, args)`` in registration order.
+        self.hooks: list[tuple[str, tuple[Any, ...]]] = []
+
+    def move(self, to: State) -> None:
+        """Change state; a move ``TRANSITIONS`` does not list raises ``TransitionError``."""
+        if to not in TRANSITIONS[self.state]:
+            raise TransitionError(
+                f"record of group {self.name!r} cannot go from {self.state.value} to {to.value}"
+            )
+        self.state = to
+
+    def attach(self, wrapper: Any) -> None:
+        self._ref = weakref.ref(wrapper)
+
+    @property
+    def wrapper(self) -> Any:
+        return self._ref() if self._ref is not None else None
+
+    @property
+    def member(self) -> bool:
+        return self._ref is not None
+
+    def set_native(self, native: Any) -> None:
+        """Point the record, and the program's wrapper if it still has one, at ``native``."""
+        self.native = native
+        wrapper = self.wrapper
+        if wrapper is not None:
+            wrapper.group = native
+
+    def __repr__(self) -> str:
+        return f"<Record {self.name!r} {self.state.value} {self.kwargs or self.args}>"
