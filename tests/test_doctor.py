@@ -52,13 +52,13 @@ def test_gate_off_is_healthy_but_says_inactive(installed) -> None:
 
 def test_stale_reference_exits_one_and_names_it(installed, tmp_path) -> None:
     (tmp_path / "stale_probe.py").write_text(
-        "from torch.distributed.distributed_c10d import all_reduce as bound_all_reduce\n"
+        "from torch.distributed.distributed_c10d import _coalescing_manager as bound_cm\n"
     )
     proc = doctor(
         installed, "--import", "stale_probe", SLIME_RELOADABLE_PG="1", PYTHONPATH=str(tmp_path)
     )
     assert proc.returncode == 1, proc.stdout
-    assert "stale_probe.bound_all_reduce" in proc.stdout
+    assert "stale_probe.bound_cm" in proc.stdout
     assert "SLIME_RELOADABLE_PG_REBIND" in proc.stdout
 
 

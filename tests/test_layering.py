@@ -19,7 +19,7 @@ def _layered(ctx: Rank) -> dict:
     dist = ctx.patched()
     ours = dist.new_group([0, 1])
     bound_all_gather = dist.all_gather_into_tensor  # a Megatron-style binding of our wrapper
-    records_before = len(registry.current().records)
+    records_before = len(registry.records())
 
     slime_class, slime_destroy, slime_reload = slime_like.apply()
     theirs = dist.new_group([0, 1])
@@ -28,7 +28,7 @@ def _layered(ctx: Rank) -> dict:
         "their_subgroup_type": type(their_sub).__name__,
         "theirs_type": type(theirs).__name__,
         "inner_type": type(theirs.group).__name__,
-        "records_added": len(registry.current().records) - records_before,  # not even subgroups
+        "records_added": len(registry.records()) - records_before,  # not even subgroups
     }
 
     def gather(func, group):
@@ -46,11 +46,16 @@ def _layered(ctx: Rank) -> dict:
         gather(dist.all_gather_into_tensor, theirs),
     ]
     out["their_group_via_our_binding"] = gather(bound_all_gather, theirs)
-    try:
-        gather(reloadpg_autopatch._originals.original("all_gather_into_tensor"), theirs)
+    try:  # torch's own all_gather_single hands their class to the C++ trampoline
+        gather(reloadpg_autopatch._originals.original("all_gather_single"), theirs)
         out["their_group_unpatched"] = "no error"
     except Exception as error:
         out["their_group_unpatched"] = type(error).__name__
+    # A binding made before any patch: torch's original delegates to distributed_c10d's
+    # all_gather_single by name, which is ours there, so even it works.
+    out["their_group_stale_binding"] = gather(
+        reloadpg_autopatch._originals.original("all_gather_into_tensor"), theirs
+    )
     out["our_group_via_their_patch"] = [total(ours), gather(dist.all_gather_into_tensor, ours)]
 
     # Each layer destroys and reloads its own groups; neither disturbs the other.
@@ -74,6 +79,7 @@ def test_outermost_patch_wraps_and_both_layers_keep_working() -> None:
         assert report["their_group_via_their_patch"] == [3.0, [0.0, 0.0, 1.0, 1.0]]
         assert report["their_group_via_our_binding"] == [0.0, 0.0, 1.0, 1.0]
         assert report["their_group_unpatched"] != "no error"  # their class alone is broken
+        assert report["their_group_stale_binding"] == [0.0, 0.0, 1.0, 1.0]
         assert report["our_group_via_their_patch"] == [3.0, [0.0, 0.0, 1.0, 1.0]]
         assert report["theirs_alive_while_ours_sleep"] == 3.0
         assert report["ours_alive_while_theirs_sleep"] == 3.0

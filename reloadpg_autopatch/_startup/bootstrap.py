@@ -89,16 +89,13 @@ def patch_now() -> bool:
     """Apply the patch and sweep; report a failure once instead of raising. Returns success."""
     try:
         _configure_logging()
-        from ..patching.apply import monkey_patch_torch_dist
-        from ..patching.sweep import parse_prefixes
+        from ..patching import apply, dynamo
 
-        prefixes = rebind_prefixes()
-        try:
-            parse_prefixes(prefixes)
-        except (TypeError, ValueError) as error:
-            warn_once("rebind", f"{REBIND_ENV}: {error}; sweeping the default prefixes instead")
-            prefixes = None
-        monkey_patch_torch_dist(prefixes)
+        apply.patch(_valid_rebind_prefixes(), load_dynamo_table=False)
+        if dynamo.MODULE not in sys.modules:
+            from . import hook
+
+            hook.install(dynamo.MODULE, _register_with_dynamo)
     except Exception as error:
         message = (
             "patching torch.distributed failed, it stays unpatched: "
@@ -118,6 +115,53 @@ def patch_now() -> bool:
     return True
 
 
+def _valid_rebind_prefixes() -> str | None:
+    from ..patching.sweep import parse_prefixes
+
+    prefixes = rebind_prefixes()
+    try:
+        parse_prefixes(prefixes)
+    except (TypeError, ValueError) as error:
+        warn_once("rebind", f"{REBIND_ENV}: {error}; sweeping the default prefixes instead")
+        return None
+    return prefixes
+
+
+def _register_with_dynamo() -> None:
+    try:
+        from ..patching import dynamo
+
+        dynamo.register(load=False)
+    except Exception as error:  # compiled code then runs eagerly; the import must go on
+        warn_once(
+            "dynamo", f"registering with torch.compile failed: {type(error).__name__}: {error}"
+        )
+
+
+def _rebind_on_import(module: object) -> None:
+    """Sweep a module under ``SLIME_RELOADABLE_PG_REBIND`` as soon as it has executed."""
+    if "reloadpg_autopatch.patching.state" not in sys.modules:
+        return  # not patched yet: the patch sweeps every module already loaded
+    from ..patching import sweep
+
+    sweep.rebind_module(module)
+
+
+def _watch_rebind_prefixes() -> None:
+    """Modules under explicitly named prefixes are swept whenever they finish importing."""
+    raw = rebind_prefixes()
+    if raw is None:
+        return
+    items = tuple(p.strip() for p in raw.split(","))
+    if "*" in items or not all(
+        p and all(part.isidentifier() for part in p.split(".")) for p in items
+    ):
+        return  # '*' is swept by the patch itself; a bad value is reported when it patches
+    from . import hook
+
+    hook.watch(items, _rebind_on_import)
+
+
 def activate(source: str) -> None:
     """Patch ``torch.distributed`` as soon as it is imported (at once if it already is).
 
@@ -129,6 +173,7 @@ def activate(source: str) -> None:
     _state["activated"] = True
     _state["source"] = source
     log_level()  # report a bad value at start-up, where the user looks for it
+    _watch_rebind_prefixes()
     module = sys.modules.get("torch.distributed")
     if module is not None and getattr(module, "__spec__", None) is not None:
         patch_now()

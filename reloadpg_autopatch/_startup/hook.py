@@ -1,4 +1,4 @@
-"""A meta-path finder that runs a callback right after one module finishes executing.
+"""Meta-path finders that run a callback right after a module finishes executing.
 
 Installed at start-up, it must cost nothing until that module is imported: its ``find_spec``
 returns after a string comparison for every other name, and this file imports nothing beyond
@@ -12,8 +12,15 @@ The callback (the patch) is built from this package's own modules, so it cannot 
 of them is half-imported: that happens when *our* module is the first to import torch. With
 ``defer_prefix`` the finder also watches the modules under that prefix and, if any of them is
 still initializing when the target finishes, runs the callback as soon as the last one is done.
+
+``watch`` installs a finder that stays: it calls back for every module under some prefixes as it
+finishes importing (the start-up sweep of ``SLIME_RELOADABLE_PG_REBIND``).
+
+Every finder's lock is replaced in a forked child: a fork taken while another thread held one
+would otherwise leave the child's imports waiting forever.
 """
 
+import os
 import sys
 from _thread import allocate_lock, get_ident
 
@@ -54,6 +61,35 @@ class _LoaderProxy:
         return getattr(self._loader, name)
 
 
+def _proxied_spec(
+    finder: object, fullname: str, path: object, target: object, flag: bool
+) -> object:
+    """The spec the other finders give ``fullname``, its loader proxied to report to ``finder``."""
+    key = (get_ident(), fullname)
+    with finder._lock:
+        if key in finder._asking:
+            return None  # we are the one asking: let the others answer
+        finder._asking.add(key)
+    try:
+        spec = None
+        for other in list(sys.meta_path):
+            if other is finder:
+                continue
+            find = getattr(other, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+    finally:
+        with finder._lock:
+            finder._asking.discard(key)
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        return spec
+    spec.loader = _LoaderProxy(finder, spec.loader, flag)
+    return spec
+
+
 class _Finder:
     """Watches for one module name; removes itself once the callback has run."""
 
@@ -73,29 +109,9 @@ class _Finder:
             is_target = False
         else:
             return None
-        key = (get_ident(), fullname)
-        with self._lock:
-            if self._done or key in self._asking:
-                return None
-            self._asking.add(key)
-        try:
-            spec = None
-            for finder in list(sys.meta_path):
-                if finder is self:
-                    continue
-                find = getattr(finder, "find_spec", None)
-                if find is None:
-                    continue
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
-        finally:
-            with self._lock:
-                self._asking.discard(key)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _LoaderProxy(self, spec.loader, is_target)
-        return spec
+        if self._done:
+            return None
+        return _proxied_spec(self, fullname, path, target, is_target)
 
     def _blocked(self, finished: object) -> bool:
         """Whether a module under ``defer_prefix`` other than ``finished`` is mid-import.
@@ -139,6 +155,37 @@ class _Finder:
             sys.stderr.write(f"reloadpg_autopatch: import hook failed: {error!r}\n")
 
 
+class _Watcher:
+    """Calls back with every module under some prefixes once it has executed; stays put."""
+
+    def __init__(self, prefixes: tuple, callback: object) -> None:
+        self.exact = frozenset(prefixes)
+        self.dotted = tuple(p + "." for p in prefixes)
+        self.callback = callback
+        self._lock = allocate_lock()
+        self._asking: set = set()
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname not in self.exact and not fullname.startswith(self.dotted):
+            return None
+        return _proxied_spec(self, fullname, path, target, True)
+
+    def executed(self, module: object, succeeded: bool) -> None:
+        if not succeeded:
+            return
+        try:
+            self.callback(module)
+        except Exception as error:  # the import that triggered us must still succeed
+            sys.stderr.write(f"reloadpg_autopatch: import watcher failed: {error!r}\n")
+
+
+def watch(prefixes: tuple, callback: object) -> "_Watcher":
+    """Call ``callback(module)`` after each module ``p`` or ``p.*``, ``p`` in ``prefixes``."""
+    watcher = _Watcher(tuple(prefixes), callback)
+    sys.meta_path.insert(0, watcher)
+    return watcher
+
+
 def install(name: str, callback: object, defer_prefix: "str | None" = None) -> "_Finder":
     """Run ``callback()`` once, right after module ``name`` has executed.
 
@@ -162,4 +209,13 @@ def uninstall(finder: "_Finder") -> None:
 
 def installed() -> list:
     """The finders of this module currently on ``sys.meta_path``."""
-    return [f for f in sys.meta_path if isinstance(f, _Finder)]
+    return [f for f in sys.meta_path if isinstance(f, (_Finder, _Watcher))]
+
+
+def _new_locks_in_child() -> None:
+    for finder in installed():
+        finder._lock = allocate_lock()
+        finder._asking = set()
+
+
+os.register_at_fork(after_in_child=_new_locks_in_child)

@@ -1,10 +1,19 @@
 """Patch ``torch.distributed`` so every group-taking function accepts reloadable groups.
 
 The set of functions is derived from the installed torch: every callable of the
-``torch.distributed`` namespace with a process-group parameter (``rule.group_params``), so the
-renamed ``all_gather_single`` and ``reduce_scatter_single`` of torch 2.13, which slime's
-hand-kept list lacks, and a future torch's additions are covered the day it is installed. The
-doctor prints how many this torch has.
+``torch.distributed`` namespace with a process-group parameter (``rule``), so the renamed
+``all_gather_single`` of torch 2.13 and a future torch's additions are covered the day it is
+installed (the doctor prints how many this torch has).
+
+Where torch keys on identity, it gets what it expects. Each wrapper is installed in the
+namespace and, for the public API, also in ``distributed_c10d`` where torch defines the
+function, so that ``from torch.distributed.distributed_c10d import all_reduce`` gets it, torch's
+own comparisons (``op in (isend, irecv)``, Dynamo's ``fn is dist.all_reduce``) agree, and pickle
+finds each wrapper under its ``__module__`` and ``__qualname__``. Private helpers stay torch's
+own in ``distributed_c10d``: torch calls them inside every collective, and the lookups they do
+already answer for reloadable groups (``groups.aliases``). Dynamo learns the wrappers through
+its remap table (``dynamo``), and torch's own modules that bound the originals at import are
+swept (``sweep.rebind_torch``).
 """
 
 from __future__ import annotations
@@ -16,12 +25,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import _originals
-from . import state, sweep
+from . import dynamo, state, sweep
 
 logger = logging.getLogger("reloadpg_autopatch")
 
 #: Test switch: makes the patch raise, to prove that a failure never breaks the host.
 FAIL_ENV = "SLIME_RELOADABLE_PG_INJECT_FAILURE"
+
+NAMESPACE = "torch.distributed"
+C10D = "torch.distributed.distributed_c10d"
 
 
 def _inject_failure_if_asked() -> None:
@@ -33,11 +45,12 @@ def _build(dist: types.ModuleType) -> state.PatchState:
     from ..groups.reloadable import ReloadableProcessGroup
     from ..groups.unwrap import unwrap
     from . import classes, factories, helpers
-    from .rule import class_group_params, group_params, signature_of
+    from .rule import class_group_params, function_group_params
     from .wrapgen import generate, is_generated
 
     native = dist.ProcessGroup
-    snapshot = _originals.snapshot()["namespace"]
+    taken = _originals.snapshot()
+    snapshot, c10d_snapshot = taken["namespace"], taken["c10d"]
     originals: dict[str, Any] = {}
     wrappers: dict[str, Any] = {}
 
@@ -45,7 +58,8 @@ def _build(dist: types.ModuleType) -> state.PatchState:
         originals[name] = snapshot[name]
         wrappers[name] = wrapper
 
-    use("new_group", factories.make_new_group(snapshot["new_group"], dist))
+    new_group = snapshot["new_group"]
+    use("new_group", factories.make_new_group(new_group, dist, outermost_check=True))
     use(
         "destroy_process_group",
         factories.make_destroy_process_group(snapshot["destroy_process_group"]),
@@ -62,8 +76,7 @@ def _build(dist: types.ModuleType) -> state.PatchState:
             continue
         if not isinstance(obj, types.FunctionType):
             continue
-        signature = signature_of(obj)
-        names = group_params(signature) if signature is not None else ()
+        names = function_group_params(obj)
         target = clones.get(name)
         if names:
             use(
@@ -71,7 +84,6 @@ def _build(dist: types.ModuleType) -> state.PatchState:
                 generate(
                     obj,
                     target=target,
-                    signature=signature,
                     group_names=names,
                     native_type=native,
                     unwrap=unwrap,
@@ -80,18 +92,40 @@ def _build(dist: types.ModuleType) -> state.PatchState:
             )
         elif target is not None:
             use(name, target)
-    return state.PatchState(originals, wrappers)
+
+    # The same wrappers where torch defines the public API. new_group there has no outer layer
+    # above it (torch's own modules call it directly), so it is a copy that always wraps.
+    in_c10d: dict[str, Any] = {}
+    for name, wrapper in wrappers.items():
+        if name.startswith("_") or c10d_snapshot.get(name) is not originals[name]:
+            continue
+        in_c10d[name] = (
+            factories.make_new_group(new_group, dist, outermost_check=False)
+            if name == "new_group"
+            else wrapper
+        )
+    for name, wrapper in wrappers.items():
+        _home(wrapper, C10D if in_c10d.get(name) is wrapper else NAMESPACE)
+    for wrapper in in_c10d.values():
+        _home(wrapper, C10D)
+    return state.PatchState(originals, wrappers, in_c10d)
 
 
-def _apply(dist: types.ModuleType, patch: state.PatchState) -> None:
-    done: list[str] = []
+def _home(wrapper: Any, module: str) -> None:
+    """Make ``module`` + ``__qualname__`` find ``wrapper`` (pickle looks functions up so)."""
+    wrapper.__module__ = module
+
+
+def _apply(dist: types.ModuleType, c10d: types.ModuleType, patch: state.PatchState) -> None:
+    done: list[tuple[types.ModuleType, str, Any]] = []
     try:
-        for name, wrapper in patch.wrappers.items():
-            setattr(dist, name, wrapper)
-            done.append(name)
+        for module, installed in ((dist, patch.wrappers), (c10d, patch.c10d)):
+            for name, wrapper in installed.items():
+                done.append((module, name, getattr(module, name)))
+                setattr(module, name, wrapper)
     except BaseException:
-        for name in done:
-            setattr(dist, name, patch.originals[name])
+        for module, name, previous in reversed(done):
+            setattr(module, name, previous)
         raise
 
 
@@ -101,6 +135,13 @@ def monkey_patch_torch_dist(rebind_prefixes: str | Iterable[str] | None = None) 
     Safe to call any number of times: later calls only repeat the sweep. ``rebind_prefixes``
     chooses the modules the sweep visits (default ``("megatron",)``; ``"*"`` for all).
     """
+    patch(rebind_prefixes)
+
+
+def patch(
+    rebind_prefixes: str | Iterable[str] | None = None, *, load_dynamo_table: bool = True
+) -> None:
+    """``monkey_patch_torch_dist``; at start-up Dynamo's table is not imported just for us."""
     prefixes = sweep.parse_prefixes(rebind_prefixes)
     with state.LOCK:
         if state.current() is None:
@@ -111,11 +152,21 @@ def monkey_patch_torch_dist(rebind_prefixes: str | Iterable[str] | None = None) 
                     "torch.distributed is not available in this torch build; not patching"
                 )
                 return
+            from torch.distributed import distributed_c10d
+
             _inject_failure_if_asked()
-            patch = _build(dist)
-            _apply(dist, patch)
-            state.set_current(patch)
-            logger.info("patched %d torch.distributed functions", len(patch.wrappers))
+            built = _build(dist)
+            _apply(dist, distributed_c10d, built)
+            state.set_current(built)
+            dynamo.register(built, load=load_dynamo_table)
+            rebound = sweep.rebind_torch()
+            logger.info(
+                "patched %d torch.distributed functions (%d also in distributed_c10d); "
+                "rebound %d bindings in torch's own modules",
+                len(built.wrappers),
+                len(built.c10d),
+                len(rebound),
+            )
     changed = sweep.rebind(prefixes)
     if changed:
         logger.info("rebound %d stale references to torch.distributed functions", len(changed))

@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 from ..groups.reloadable import ReloadableProcessGroup
 from ..groups.unwrap import unwrap
-from .wrapgen import MARKER, generate, is_generated
+from . import state
+from .wrapgen import MARKER, generate
 
 _Native = dist.ProcessGroup
 
@@ -17,10 +18,11 @@ _Native = dist.ProcessGroup
 def make_class(original: type, group_names: tuple[str, ...]) -> type:
     """A subclass of a group-taking class (``P2POp``) that stores the native group.
 
-    Its ``op`` argument, when it is one of our wrappers (``torch.distributed.isend``), is
-    replaced by torch's original, which is what torch compares it with.
+    Its ``op`` argument, when it is one of torch's originals (``isend`` bound before the
+    patch), is replaced by our wrapper: torch compares ``op`` with the ``isend`` and ``irecv`` of
+    ``distributed_c10d``, and so does Dynamo with ``torch.distributed``'s, which are ours.
     """
-    converters = {"op": _original_of}
+    converters = {"op": _wrapper_of}
     namespace: dict[str, Any] = {"__module__": original.__module__, "__doc__": original.__doc__}
     for method_name in ("__new__", "__init__"):
         method = original.__dict__.get(method_name)
@@ -44,7 +46,7 @@ def make_class(original: type, group_names: tuple[str, ...]) -> type:
     return cls
 
 
-def _original_of(value: Any) -> Any:
-    if is_generated(value):
-        return value.__wrapped__
-    return value
+def _wrapper_of(value: Any) -> Any:
+    patch = state.current()
+    pair = patch.by_original_id.get(id(value)) if patch is not None else None
+    return pair[1] if pair is not None and pair[0] is value else value

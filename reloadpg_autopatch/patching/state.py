@@ -24,14 +24,19 @@ os.register_at_fork(after_in_child=_reset_lock_in_child)
 class PatchState:
     """torch's originals and our wrappers, by name, and where each wrapper was installed."""
 
+    #: ``torch.distributed`` name -> torch's original.
     originals: dict[str, Any]
+    #: ``torch.distributed`` name -> our wrapper, installed in the namespace.
     wrappers: dict[str, Any]
-    #: id(original) -> (original, wrapper), built once: the sweep looks values up by id.
+    #: ``distributed_c10d`` name -> our wrapper, installed where torch defines the function.
+    c10d: dict[str, Any] = field(default_factory=dict)
+    #: id(original) -> (original, wrapper), built once: the sweep looks values up by id. A
+    #: module that bound an original gets the wrapper of the place torch defines it.
     by_original_id: dict[int, tuple[Any, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.by_original_id = {
-            id(original): (original, self.wrappers[name])
+            id(original): (original, self.c10d.get(name, self.wrappers[name]))
             for name, original in self.originals.items()
         }
 

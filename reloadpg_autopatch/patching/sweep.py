@@ -4,7 +4,9 @@ Megatron binds some ``torch.distributed`` functions into its module globals at i
 (``dist_all_gather_func = torch.distributed.all_gather_into_tensor``). When the patch lands
 after that import, those names keep the originals. The sweep matches by identity against the
 snapshot the patch took, so it only ever replaces an object that *is* one of torch's originals.
-torch's own modules and ours are never touched: torch's internals call each other directly.
+The sweep by prefixes never touches torch or this package; torch's own distributed modules,
+which bind some originals while ``torch.distributed`` is still importing (DeviceMesh binds
+``new_group``), are swept once, when the patch is applied (``rebind_torch``).
 """
 
 from __future__ import annotations
@@ -66,17 +68,19 @@ def _matcher(prefixes: tuple[str, ...]) -> Callable[[str], bool]:
     return lambda name: (name in exact or name.startswith(dotted)) and not name.startswith(never)
 
 
-def _scan(prefixes: tuple[str, ...], fix: bool) -> list[Rebinding]:
+def _scan(selected: Callable[[str], bool], fix: bool) -> list[Rebinding]:
+    modules = [(name, module) for name, module in list(sys.modules.items()) if selected(name)]
+    return _sweep(modules, fix)
+
+
+def _sweep(modules: Iterable[tuple[str, Any]], fix: bool) -> list[Rebinding]:
     patch = state.current()
     if patch is None:
         return []
     table = patch.by_original_id
     ids = table.keys()
     found: list[Rebinding] = []
-    selected = _matcher(prefixes)
-    for name, module in list(sys.modules.items()):
-        if not selected(name):
-            continue
+    for name, module in modules:
         namespace = getattr(module, "__dict__", None)
         if type(namespace) is not dict:
             continue
@@ -96,6 +100,30 @@ def _scan(prefixes: tuple[str, ...], fix: bool) -> list[Rebinding]:
     return found
 
 
+#: torch's own modules that may hold bindings of the functions we wrap, taken at import
+#: (``device_mesh`` binds ``new_group`` and ``get_process_group_ranks`` before any hook fires).
+#: ``distributed_c10d`` is patched by name instead, and the namespace is the patch itself.
+_TORCH_PREFIX = "torch.distributed."
+_TORCH_SKIP = frozenset({"torch.distributed", "torch.distributed.distributed_c10d"})
+
+
+def _is_torch_module(name: str) -> bool:
+    return name.startswith(_TORCH_PREFIX) and name not in _TORCH_SKIP
+
+
+def rebind_torch() -> list[Rebinding]:
+    """Point torch's own modules' bindings of the originals at our wrappers (patch time)."""
+    return _scan(_is_torch_module, fix=True)
+
+
+def rebind_module(module: Any) -> list[Rebinding]:
+    """Rebind one module that just finished importing (the start-up watcher's callback)."""
+    changed = _sweep([(module.__name__, module)], fix=True)
+    if changed:
+        logger.info("rebound %d stale reference(s) in %s", len(changed), module.__name__)
+    return changed
+
+
 def rebind(prefixes: str | Iterable[str] | None = None) -> list[Rebinding]:
     """Point every stale reference in the selected modules at our wrapper; return what changed.
 
@@ -103,9 +131,9 @@ def rebind(prefixes: str | Iterable[str] | None = None) -> list[Rebinding]:
     ``megatron.core.timers``); ``"*"`` selects every module. torch and this package are never
     swept. Returns an empty list when ``torch.distributed`` is not patched.
     """
-    return _scan(parse_prefixes(prefixes), fix=True)
+    return _scan(_matcher(parse_prefixes(prefixes)), fix=True)
 
 
 def find_stale(prefixes: str | Iterable[str] | None = "*") -> list[Rebinding]:
     """List the references ``rebind`` would change, without changing them."""
-    return _scan(parse_prefixes(prefixes), fix=False)
+    return _scan(_matcher(parse_prefixes(prefixes)), fix=False)
