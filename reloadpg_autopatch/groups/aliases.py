@@ -1,84 +1,115 @@
-"""Let torch's own per-group maps answer for a reloadable group as for its native group.
+"""Aliases in torch's ``_world`` maps: a reloadable group is found where its native group is.
 
 c10d keeps a group's ranks, name, backend, store and tag in ``_world`` maps keyed by the native
 object, and looks groups up there: its own functions, every module that bound them at import
 (DeviceMesh binds ``get_process_group_ranks`` before any patch can land), and code that reads
 the maps directly (Megatron's ``destroy_model_parallel`` tests ``_world.pg_map.get(group)``).
-The maps are replaced by dicts that, on a miss, look the key up again as the native group inside
-it. Nothing is stored twice: iteration, ``len`` and every native lookup are exactly torch's, so
-torch's name hashing (which counts ``pg_names``) and its teardown loops see what they always saw.
-Lookups by a native group cost what they cost before (``[]`` hits never leave C); ``in`` and
-``get`` pay one Python call.
+So while a reloadable group has a native group, each map also holds an alias entry for it: the
+same value, under a key that hashes like the wrapper and compares equal to it.
+
+An alias must not change what torch sees, and must not cost torch anything:
+- lookups by a native group never meet an alias (other hash), so they stay C dict lookups;
+- the maps are dicts that leave aliases out of ``len`` and iteration, so torch's teardown loop
+  shuts each group down once and its name hashing (which counts ``pg_names``) is unchanged;
+- an alias holds its wrapper weakly, so a group the program drops can still be collected.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .reloadable import ReloadableProcessGroup
-
 _Native = dist.ProcessGroup
-_MISSING = object()
 
 #: The module-level maps behind ``_world``'s properties (``_world.pg_map`` is ``_pg_map``...).
 MAPS = ("_pg_map", "_pg_names", "_pg_group_ranks", "_pg_backend_config", "_pg_to_tag")
 
 
-def _native_of(key: Any) -> Any:
-    """The live native group behind a wrapper key, or None for anything else."""
-    cls = type(key)
-    if cls is _Native or cls is int or key is None:
-        return None
-    for _ in range(16):
-        if not isinstance(key, _Native) or type(key) is _Native:
-            break
-        inner = key.group if type(key) is ReloadableProcessGroup else getattr(key, "group", None)
-        if inner is None or inner is key:
-            return None
-        key = inner
-    return key if type(key) is _Native else None
+class AliasKey:
+    """Stands for a reloadable group in a map: its hash, equal to it, holding it weakly."""
+
+    __slots__ = ("_hash", "_ref")
+
+    def __init__(self, wrapper: Any) -> None:
+        self._ref = weakref.ref(wrapper)
+        self._hash = hash(wrapper)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is AliasKey:
+            return other is self or (self._ref() is not None and self._ref() is other._ref())
+        return other is not None and self._ref() is other
+
+    def __repr__(self) -> str:
+        return f"<alias of {self._ref()!r}>"
 
 
 class AliasingMap(dict):
-    """A dict keyed by native groups that also answers for the wrappers around them."""
+    """One of torch's ``_world`` maps: its entries, and aliases that ``len`` and loops skip."""
 
-    __slots__ = ()
+    __slots__ = ("hidden",)
 
-    def __missing__(self, key: Any) -> Any:
-        native = _native_of(key)
-        if native is None:
-            raise KeyError(key)
-        return dict.__getitem__(self, native)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.hidden = 0
 
-    def __contains__(self, key: object) -> bool:
-        if dict.__contains__(self, key):
-            return True
-        native = _native_of(key)
-        return native is not None and dict.__contains__(self, native)
+    def _visible(self) -> Iterator[Any]:
+        return (k for k in dict.__iter__(self) if type(k) is not AliasKey)
 
-    def get(self, key: Any, default: Any = None) -> Any:
-        value = dict.get(self, key, _MISSING)
-        if value is not _MISSING:
-            return value
-        native = _native_of(key)
-        return default if native is None else dict.get(self, native, default)
+    def __iter__(self) -> Iterator[Any]:
+        return self._visible()
 
-    def pop(self, key: Any, *default: Any) -> Any:
-        if not dict.__contains__(self, key):
-            native = _native_of(key)
-            if native is not None:
-                key = native
-        return dict.pop(self, key, *default)
+    def __len__(self) -> int:
+        return dict.__len__(self) - self.hidden
+
+    def keys(self) -> list[Any]:  # type: ignore[override]
+        return list(self._visible())
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return [v for k, v in dict.items(self) if type(k) is not AliasKey]
+
+    def items(self) -> list[tuple[Any, Any]]:  # type: ignore[override]
+        return [(k, v) for k, v in dict.items(self) if type(k) is not AliasKey]
+
+    def copy(self) -> dict[Any, Any]:
+        return dict(self.items())
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.hidden = 0
 
     def __delitem__(self, key: Any) -> None:
-        if not dict.__contains__(self, key):
-            native = _native_of(key)
-            if native is not None:
-                key = native
         dict.__delitem__(self, key)
+        if _names_an_alias(key):
+            self.hidden -= 1
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if _names_an_alias(key) and dict.__contains__(self, key):
+            self.hidden -= 1
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        for key in reversed(list(self._visible())):
+            return key, self.pop(key)
+        raise KeyError("popitem(): dictionary is empty")
+
+
+def _names_an_alias(key: Any) -> bool:
+    """Whether ``key`` can only match an alias: natives are never aliased, wrappers always."""
+    return type(key) is AliasKey or (type(key) is not _Native and isinstance(key, _Native))
+
+
+def _maps() -> list[AliasingMap]:
+    return [getattr(c10d, name) for name in MAPS if type(getattr(c10d, name, None)) is AliasingMap]
 
 
 def install() -> bool:
@@ -87,13 +118,39 @@ def install() -> bool:
         return False  # a test harness swapped _world (threaded process groups): leave it
     for name in MAPS:
         current = getattr(c10d, name, None)
-        if current is None or type(current) is AliasingMap:
-            continue
-        setattr(c10d, name, AliasingMap(current))
+        if isinstance(current, dict) and type(current) is not AliasingMap:
+            setattr(c10d, name, AliasingMap(current))
     return installed()
 
 
 def installed() -> bool:
-    """Whether every map behind ``_world`` answers for wrappers (the doctor asks)."""
+    """Whether every map behind ``_world`` can hold aliases (the doctor asks)."""
     present = [getattr(c10d, name) for name in MAPS if hasattr(c10d, name)]
-    return all(type(value) is AliasingMap for value in present)
+    return bool(present) and all(type(value) is AliasingMap for value in present)
+
+
+def link(wrapper: Any, native: Any) -> AliasKey | None:
+    """Add ``wrapper``'s aliases of ``native``'s entries; returns the key to unlink them with."""
+    if not install():
+        return None
+    key = AliasKey(wrapper)
+    for mapping in _maps():
+        if dict.__contains__(mapping, native) and not dict.__contains__(mapping, key):
+            dict.__setitem__(mapping, key, dict.__getitem__(mapping, native))
+            mapping.hidden += 1
+    return key
+
+
+def unlink(key: AliasKey | None) -> None:
+    """Remove the aliases added under ``key`` (before its native group goes)."""
+    if key is None:
+        return
+    for mapping in _maps():
+        if dict.__contains__(mapping, key):
+            dict.__delitem__(mapping, key)
+            mapping.hidden -= 1
+
+
+def count() -> int:
+    """Alias entries in the maps now (the doctor and the benchmarks report it)."""
+    return sum(mapping.hidden for mapping in _maps())

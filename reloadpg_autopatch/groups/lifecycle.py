@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native, original
-from . import names, policy, registry, state, world
+from . import aliases, names, policy, registry, state, world
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
 from .unwrap import unwrap
@@ -88,12 +88,27 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         return native
 
 
+def _serve(record: Record, native: Any) -> None:
+    """``native`` now serves the record's group: the wrapper and torch's maps point at it."""
+    record.set_native(native)
+    wrapper = record.wrapper
+    if wrapper is not None:
+        record.alias = aliases.link(wrapper, native)
+
+
+def _unserve(record: Record, destroy: bool) -> None:
+    """Take the record's native group away (destroying it first when ``destroy``)."""
+    aliases.unlink(record.alias)
+    record.alias = None
+    if destroy and record.native is not None:
+        destroy_native(record.native)
+    record.set_native(None)
+
+
 def _drop_if_abandoned(record: Record) -> None:
     """A member record whose wrapper the program dropped is released."""
     if record.member and record.wrapper is None and record.state in (State.LIVE, State.DESTROYED):
-        if record.state is State.LIVE and record.native is not None:
-            destroy_native(record.native)
-        record.native = None
+        _unserve(record, destroy=record.state is State.LIVE)
         record.move(State.RELEASED)
 
 
@@ -124,8 +139,7 @@ def destroy_process_groups() -> None:
             _drop_if_abandoned(record)
             if record.state is State.LIVE:
                 record.timeout = world.group_timeout(record.native)
-                destroy_native(record.native)
-                record.set_native(None)
+                _unserve(record, destroy=True)
                 record.move(State.DESTROYED)
                 count += 1
         if swapping:
@@ -190,7 +204,7 @@ def reload_process_groups() -> None:
             for record in holder.records:
                 if swapped and record.state is State.LIVE:
                     # Restoring WORLD tore down every group, also those made while it slept.
-                    record.set_native(None)
+                    _unserve(record, destroy=False)
                     record.move(State.DESTROYED)
                 if record.name not in needed and record.state in (
                     State.RELEASED,
@@ -199,7 +213,7 @@ def reload_process_groups() -> None:
                     record.move(State.ENDED)
                 elif record.state is State.DESTROYED:
                     native = _create_again(record)
-                    record.set_native(native)
+                    _serve(record, native)
                     record.move(State.LIVE)
                     for method, args, kwargs in record.hooks:
                         getattr(native, method)(*args, **kwargs)
@@ -237,10 +251,8 @@ def release(group: Any) -> bool:
         if record is None:
             return False
     with registry.lock():
-        if record.state is State.LIVE and record.native is not None:
-            destroy_native(record.native)
         if record.state in (State.LIVE, State.DESTROYED):
-            record.set_native(None)
+            _unserve(record, destroy=record.state is State.LIVE)
             record.move(State.RELEASED)
     return True
 
@@ -250,7 +262,7 @@ def end_world() -> None:
     holder = state.current()
     with holder.lock:
         for record in holder.records:
-            record.set_native(None)
+            _unserve(record, destroy=False)  # torch destroyed every group, and its maps
             record.ended_with_world = True
             if record.state is not State.ENDED:
                 record.move(State.ENDED)

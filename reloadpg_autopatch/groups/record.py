@@ -55,6 +55,7 @@ class Record:
 
     __slots__ = (
         "_ref",
+        "alias",
         "args",
         "ended_with_world",
         "hooks",
@@ -75,6 +76,8 @@ class Record:
         self.state = state
         self.native: Any = None
         self._ref: weakref.ref[Any] | None = None
+        #: The key of the wrapper's aliases in torch's maps while a native group serves it.
+        self.alias: Any = None
         self.ended_with_world = False
         #: The timeout the native group had when it was destroyed (``set_timeout`` included).
         self.timeout: Any = None

@@ -80,9 +80,9 @@ class ReloadableProcessGroup(_NativeProcessGroup):
                 holder.known_world = dist.GroupMember.WORLD
         self._record = _record
         _record.attach(self)
-        from . import aliases  # imports this module: installed on the first group, not before
+        from . import aliases
 
-        aliases.install()
+        _record.alias = aliases.link(self, group)
 
     # slime exposes the creation arguments under this name; keep it for code that reads it.
     @property
