@@ -199,7 +199,8 @@ def reload_process_groups() -> None:
         holder.generation += 1
         needed = _agree_on_needed(holder)
         swapped = world.swap_in(_destroy_world)
-        rebuilt = taken_part = 0
+        rebuilt = 0
+        taken_part: list[Any] = []
         with names.keys_under(holder.key("groups") + "/"):
             for record in holder.records:
                 if swapped and record.state is State.LIVE:
@@ -220,10 +221,15 @@ def reload_process_groups() -> None:
                     rebuilt += 1
                 elif record.state in (State.RELEASED, State.NON_MEMBER):
                     # A peer still holds it: take part in its creation, keep nothing.
-                    native = _create_again(record)
-                    if type(native) is _Native:
-                        destroy_native(native)
-                    taken_part += 1
+                    taken_part.append(_create_again(record))
+        # gloo closes a group's sockets when it is destroyed: a peer still finishing its side
+        # of the handshake would see "Connection closed by peer". Every rank has finished every
+        # creation once all of them pass this point; no rank knows whether another one has
+        # groups to free, so all of them wait here.
+        world.sync("created")
+        for native in taken_part:
+            if type(native) is _Native:
+                destroy_native(native)
         dropped = registry.prune()
         holder.asleep = False
     logger.info(
@@ -231,7 +237,7 @@ def reload_process_groups() -> None:
         rebuilt,
         " and WORLD" if swapped else "",
         (time.perf_counter() - started) * 1e3,
-        taken_part,
+        len(taken_part),
         dropped,
     )
 
