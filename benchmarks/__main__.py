@@ -115,6 +115,41 @@ def _sweep_rows(data: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _alias_rows(data: dict[str, Any]) -> list[Row]:
+    ns, paired, sizes = data["ns"], data["paired_ns"], data["pg_map_sizes"]
+
+    def cell(label: str) -> str:
+        s = ns[label]
+        return f"{s['median']:.0f} ns [{s['p25']:.0f}-{s['p75']:.0f}]"
+
+    added = sizes["after new_group"] - sizes["world"], sizes["after cycle"] - sizes["world"]
+    return [
+        Row(
+            "aliases",
+            "'in' by a native group: aliasing map minus plain dict",
+            f"{paired['in, native key']['median']:+.1f} ns "
+            f"[{paired['in, native key']['p25']:+.1f}..{paired['in, native key']['p75']:+.1f}]"
+            f" ({cell('native in aliasing map')} vs {cell('native in plain dict')})",
+            "about 0: torch's own lookups stay C dict lookups",
+            None,
+        ),
+        Row(
+            "aliases",
+            "'in' / [] by a reloadable group (torch's unpatched paths)",
+            f"{cell('reloadable in aliasing map')} / {cell('aliasing map [reloadable]')}",
+            "-",
+            None,
+        ),
+        Row(
+            "aliases",
+            "entries torch sees per new_group / after a reload",
+            f"{added[0]} / {added[1]} (len(pg_map) - 1: the group itself, no alias counted)",
+            "1 / 1",
+            added == (1, 1),
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
@@ -134,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     rows += _sweep_rows(raw["sweep"])
     reload_rows, raw["destroy_reload"] = reload_cost.run(quick=args.quick)
     rows += reload_rows
+    released, raw["released"] = reload_cost.released_row(quick=args.quick)
+    rows.append(released)
+    raw["aliases"] = _child("benchmarks.aliases", "10" if args.quick else "30")
+    rows += _alias_rows(raw["aliases"])
     elapsed = time.monotonic() - started
 
     print(table(rows))

@@ -59,3 +59,37 @@ def run(quick: bool = False) -> tuple[list[Row], dict[str, Any]]:
             )
         )
     return rows, raw
+
+
+def released_row(quick: bool = False) -> tuple[Row, dict[str, Any]]:
+    """Run length: a cycle after 100 released groups costs what the program's first one did."""
+    reps = 3 if quick else 5
+    command = [sys.executable, "-m", "benchmarks._released_rank", "--reps", str(reps)]
+    outcomes = launch.launch(command, 4, timeout=600, cwd=str(ROOT))
+    times: dict[str, dict[int, float]] = {"first": {}, "after release": {}}
+    created: dict[str, set[int]] = {"first": set(), "after release": set()}
+    for outcome in outcomes:
+        for event in outcome.events:
+            if event["type"] == "time" and event["variant"] in times:
+                per_rep = times[event["variant"]]
+                per_rep[event["rep"]] = max(per_rep.get(event["rep"], 0.0), event["ms"])
+                created[event["variant"]].add(event["created"])
+    first = summarize(list(times["first"].values()))
+    after = summarize(list(times["after release"].values()))
+    ratio = after.median / first.median - 1
+    same_creations = created["first"] == created["after release"]
+    row = Row(
+        "destroy+reload",
+        "after 100 released groups vs the first cycle (20 held, 4 ranks)",
+        f"{after.median:.0f} ms [{after.p25:.0f}-{after.p75:.0f}] vs {first.median:.0f} ms "
+        f"({ratio:+.1%}); torch created {sorted(created['after release'])} vs "
+        f"{sorted(created['first'])} groups per reload",
+        "within 10%, same creations",
+        ratio <= 0.10 and same_creations,
+    )
+    raw = {
+        "first": first.as_dict(),
+        "after_release": after.as_dict(),
+        "created": {k: sorted(v) for k, v in created.items()},
+    }
+    return row, raw
