@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from .reloadable import ReloadableProcessGroup
 
 _Native = dist.ProcessGroup
 _MAX_DEPTH = 16
+
+
+def _compiling() -> bool:
+    # Looked up at call time: torch.distributed (and so this module) is imported while torch
+    # itself is still importing, before torch.compiler exists.
+    return torch.compiler.is_compiling()
+
+
 _MISSING = object()
 
 
@@ -32,6 +41,11 @@ def unwrap(group: Any) -> Any:
 
 
 def _unwrap_nested(group: Any) -> Any:
+    if _compiling():
+        # Dynamo reports a native group's type as something else and refuses any attribute
+        # read on it: leave the group as it is. A call that needs the real group graph-breaks
+        # in torch's own function, and then runs eagerly through this wrapper again.
+        return group
     for _ in range(_MAX_DEPTH):
         cls = type(group)
         if cls is _Native or group is None:
