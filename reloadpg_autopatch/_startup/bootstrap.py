@@ -12,10 +12,12 @@ import sys
 GATE = "SLIME_RELOADABLE_PG"
 REBIND_ENV = "SLIME_RELOADABLE_PG_REBIND"
 LOG_ENV = "SLIME_RELOADABLE_PG_LOG"
+MODE_ENV = "SLIME_RELOADABLE_PG_MODE"
 
 ON_VALUES = ("1", "true", "yes", "on")
 OFF_VALUES = ("", "0", "false", "no", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MODES = ("wrapper", "native", "auto")
 
 #: The top-level package: every module of it counts for deferring the patch.
 _PACKAGE = __name__.split(".", 1)[0]
@@ -63,6 +65,14 @@ def log_level() -> str | None:
         "(logging stays at its default)",
     )
     return None
+
+
+def reload_mode_problem() -> str | None:
+    """What is wrong with ``SLIME_RELOADABLE_PG_MODE``, if anything (unset is fine)."""
+    raw = os.environ.get(MODE_ENV, "").strip()
+    if not raw or raw.lower() in MODES:
+        return None
+    return f"{MODE_ENV}={raw!r} is not a mode; use one of {', '.join(MODES)} (wrapper is used)"
 
 
 def rebind_prefixes() -> str | None:
@@ -172,7 +182,10 @@ def activate(source: str) -> None:
         return
     _state["activated"] = True
     _state["source"] = source
-    log_level()  # report a bad value at start-up, where the user looks for it
+    log_level()  # report bad values at start-up, where the user looks for them
+    problem = reload_mode_problem()
+    if problem is not None:
+        warn_once("mode", problem)
     _watch_rebind_prefixes()
     module = sys.modules.get("torch.distributed")
     if module is not None and getattr(module, "__spec__", None) is not None:

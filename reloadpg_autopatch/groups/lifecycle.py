@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native, original
-from . import aliases, names, policy, registry, state, world
+from . import aliases, inplace, mode, names, policy, registry, state, world
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
 from .unwrap import unwrap
@@ -78,8 +78,16 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if holder.known_world is None:
             holder.known_world = c10d._world.default_pg
         if type(native) is _Native:
+            try:
+                in_place = _reloads_in_place(native)
+            except RuntimeError:
+                destroy_native(native)
+                raise
             record = registry.add(args, kwargs, str(native.group_name), State.LIVE)
             record.native = native
+            if in_place:
+                record.in_place = True
+                return native
             return ReloadableProcessGroup(native, None, _record=record)
         if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None:
             registry.add(args, kwargs, seen.last, State.NON_MEMBER)
@@ -88,12 +96,30 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         return native
 
 
+def _reloads_in_place(native: Any) -> bool:
+    """Whether a new group reloads in place (the mode, and a WORLD that is not swapped)."""
+    if not mode.reloads_in_place(native):
+        return False
+    if world.needs_swap():
+        if mode.get_reload_mode() == "native":
+            raise RuntimeError(
+                f"group {native.group_name!r} cannot be reloaded in place: WORLD is registered "
+                "and swapped for a temporary WORLD on destroy, which destroys every group; "
+                "register WORLD in native mode too, or use mode 'auto'"
+            )
+        return False
+    return True
+
+
 def _serve(record: Record, native: Any) -> None:
     """``native`` now serves the record's group: the wrapper and torch's maps point at it."""
     record.set_native(native)
     wrapper = record.wrapper
     if wrapper is not None:
+        wrapper.mirror_backends()
         record.alias = aliases.link(wrapper, native)
+        if record.keep is not None:  # its name was handed out: it resolves to the wrapper
+            names.publish(record.name, wrapper)
 
 
 def _unserve(record: Record, destroy: bool) -> None:
@@ -106,8 +132,13 @@ def _unserve(record: Record, destroy: bool) -> None:
 
 
 def _drop_if_abandoned(record: Record) -> None:
-    """A member record whose wrapper the program dropped is released."""
-    if record.member and record.wrapper is None and record.state in (State.LIVE, State.DESTROYED):
+    """A member record whose wrapper the program dropped is released.
+
+    A group reloaded in place is never seen dropped: torch's own maps hold it.
+    """
+    if record.in_place or not record.member:
+        return
+    if record.wrapper is None and record.state in (State.LIVE, State.DESTROYED):
         _unserve(record, destroy=record.state is State.LIVE)
         record.move(State.RELEASED)
 
@@ -139,11 +170,16 @@ def destroy_process_groups() -> None:
             _drop_if_abandoned(record)
             if record.state is State.LIVE:
                 record.timeout = world.group_timeout(record.native)
-                _unserve(record, destroy=True)
+                if record.in_place:
+                    inplace.release(record.native)
+                else:
+                    _unserve(record, destroy=True)
                 record.move(State.DESTROYED)
                 count += 1
         if swapping:
             world.swap_out(_destroy_world)
+        elif first:
+            world.release_in_place()
     logger.info(
         "destroyed %d process groups%s in %.1f ms",
         count,
@@ -159,6 +195,10 @@ def _agree_on_needed(holder: state.ProcessState) -> set[str]:
         _drop_if_abandoned(record)
         if record.member and record.state in (State.LIVE, State.DESTROYED):
             store.set(holder.key("need", record.name), b"1")
+            if record.in_place:  # its non-members have nothing to create
+                store.set(holder.key("in-place", record.name), b"1")
+        elif record.in_place and record.state is State.RELEASED:
+            store.set(holder.key("released", record.name), b"1")
     world.sync("reload")  # every rank has published what it holds
     return {
         record.name
@@ -182,6 +222,28 @@ def _create_again(record: Record) -> Any:
         return original("new_group")(*args, **kwargs)
 
 
+def _released_in_place(record: Record) -> RuntimeError:
+    return RuntimeError(
+        f"group {record.name!r} was released on this rank but a peer still holds it: a group "
+        "reloaded in place (native mode) can only be rebuilt with every member, so release it "
+        "on every member, or use the wrapper mode"
+    )
+
+
+def _peers_in_place(record: Record, holder: state.ProcessState) -> bool:
+    return world.base_store().check([holder.key("in-place", record.name)])
+
+
+def _rebuild_in_place(record: Record, holder: state.ProcessState) -> None:
+    if world.base_store().check([holder.key("released", record.name)]):
+        raise RuntimeError(
+            f"group {record.name!r} cannot be rebuilt in place: a member released it with "
+            "torch.distributed.destroy_process_group(); release it on every member"
+        )
+    inplace.rebuild(record.native, record.name, record.timeout)
+    record.move(State.LIVE)
+
+
 def reload_process_groups() -> None:
     """Recreate every destroyed group in creation order (WORLD first, when it was swapped)."""
     if not dist.is_initialized():
@@ -199,6 +261,7 @@ def reload_process_groups() -> None:
         holder.generation += 1
         needed = _agree_on_needed(holder)
         swapped = world.swap_in(_destroy_world)
+        world.rebuild_in_place()
         rebuilt = 0
         taken_part: list[Any] = []
         with names.keys_under(holder.key("groups") + "/"):
@@ -212,6 +275,13 @@ def reload_process_groups() -> None:
                     State.NON_MEMBER,
                 ):
                     record.move(State.ENDED)
+                elif record.in_place and record.state is State.DESTROYED:
+                    _rebuild_in_place(record, holder)
+                    rebuilt += 1
+                elif record.in_place and record.state is State.RELEASED:
+                    raise _released_in_place(record)
+                elif record.state is State.NON_MEMBER and _peers_in_place(record, holder):
+                    pass  # reconfigured by its members alone
                 elif record.state is State.DESTROYED:
                     native = _create_again(record)
                     _serve(record, native)
@@ -249,6 +319,8 @@ def release(group: Any) -> bool:
     """
     if isinstance(group, ReloadableProcessGroup):
         record = group._record
+        if record.is_world:
+            return False  # destroying WORLD's stand-in destroys WORLD
     else:
         native = unwrap(group)
         if native is None or native is dist.GroupMember.WORLD:
@@ -258,7 +330,8 @@ def release(group: Any) -> bool:
             return False
     with registry.lock():
         if record.state in (State.LIVE, State.DESTROYED):
-            _unserve(record, destroy=record.state is State.LIVE)
+            # In place, the object is torch's registered group even while destroyed.
+            _unserve(record, destroy=record.state is State.LIVE or record.in_place)
             record.move(State.RELEASED)
     return True
 
@@ -273,18 +346,21 @@ def end_world() -> None:
             if record.state is not State.ENDED:
                 record.move(State.ENDED)
         registry.prune()
-        holder.world = None
+        world.forget()
         holder.known_world = None
         holder.epoch += 1
         holder.generation = 0
         holder.asleep = False
 
 
-def reloadable_groups() -> list[ReloadableProcessGroup]:
-    """The reloadable groups of this process that the program still holds."""
+def reloadable_groups() -> list[Any]:
+    """The reloadable groups of this process that the program still holds.
+
+    Wrappers, and in native mode torch's own groups.
+    """
     out = []
     for record in registry.members():
-        wrapper = record.wrapper
-        if wrapper is not None and record.state in (State.LIVE, State.DESTROYED):
-            out.append(wrapper)
+        held = record.held
+        if held is not None and record.state in (State.LIVE, State.DESTROYED):
+            out.append(held)
     return out

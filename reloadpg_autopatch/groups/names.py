@@ -102,3 +102,14 @@ def preserved_group_count() -> Iterator[None]:
         yield
     finally:
         world.group_count = max(saved, world.group_count)
+
+
+def publish(name: str, group: Any) -> None:
+    """Make ``name`` resolve to ``group`` in torch's registry of group names.
+
+    torch registers the native group; a reloadable group whose name was handed out is
+    registered instead, so that whatever resolves the name later (DeviceMesh, FSDP2 holding the
+    result, functional collectives, compiled graphs) gets the object that outlives reloads.
+    """
+    c10d._unregister_process_group(name)
+    c10d._register_process_group(name, group)

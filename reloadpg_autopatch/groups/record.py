@@ -59,6 +59,9 @@ class Record:
         "args",
         "ended_with_world",
         "hooks",
+        "in_place",
+        "is_world",
+        "keep",
         "kwargs",
         "name",
         "native",
@@ -79,6 +82,14 @@ class Record:
         #: The key of the wrapper's aliases in torch's maps while a native group serves it.
         self.alias: Any = None
         self.ended_with_world = False
+        #: Reloaded in place (``ProcessGroup.reconfigure``): the program holds ``native`` itself.
+        self.in_place = False
+        #: The stand-in for WORLD, which is never replayed: destroying it destroys WORLD.
+        self.is_world = False
+        #: The wrapper, held strongly once its name was handed out: torch's registry of names
+        #: then resolves to it, and whoever cached the name holds the group as torch holds its
+        #: own, until it is destroyed.
+        self.keep: Any = None
         #: The timeout the native group had when it was destroyed (``set_timeout`` included).
         self.timeout: Any = None
         #: Hooks registered on the group after creation, replayed on every new native group:
@@ -92,6 +103,8 @@ class Record:
                 f"record of group {self.name!r} cannot go from {self.state.value} to {to.value}"
             )
         self.state = to
+        if to in (State.RELEASED, State.ENDED):
+            self.keep = None  # gone for good: nothing of ours holds the wrapper any more
 
     def attach(self, wrapper: Any) -> None:
         self._ref = weakref.ref(wrapper)
@@ -102,7 +115,12 @@ class Record:
 
     @property
     def member(self) -> bool:
-        return self._ref is not None
+        return self._ref is not None or self.in_place
+
+    @property
+    def held(self) -> Any:
+        """The group object the program holds: the wrapper, or the native group in place."""
+        return self.native if self.in_place else self.wrapper
 
     def set_native(self, native: Any) -> None:
         """Point the record, and the program's wrapper if it still has one, at ``native``."""

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
-from . import registry, state
+from . import names, registry, state
 from .record import Record, State
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -80,9 +81,31 @@ class ReloadableProcessGroup(_NativeProcessGroup):
                 holder.known_world = dist.GroupMember.WORLD
         self._record = _record
         _record.attach(self)
+        self.mirror_backends()
+        if not _OPAQUE_MEMBERS_REGISTERED:
+            _register_opaque_members()
         from . import aliases
 
         _record.alias = aliases.link(self, group)
+
+    def mirror_backends(self) -> None:
+        """Give this object's C++ side the native group's backends.
+
+        C++ code that resolves a group by name (functional collectives, ``batch_p2p_ops``) gets
+        this object, and some of it asks the C++ ``ProcessGroup`` for a backend directly,
+        which no Python method can answer: so it holds the native group's, until the next one.
+        """
+        inner = self.group
+        if inner is None:
+            return
+        types = c10d.Backend.backend_type_map
+        for device in inner._device_types:
+            backend = inner._get_backend(device)
+            kind = types.get(backend.name().lower(), _NativeProcessGroup.BackendType.CUSTOM)
+            _NativeProcessGroup._register_backend(self, device, kind, backend)
+        default = types.get(inner._get_backend_name().lower())
+        if default is not None:
+            _NativeProcessGroup._set_default_backend(self, default)
 
     # slime exposes the creation arguments under this name; keep it for code that reads it.
     @property
@@ -92,6 +115,19 @@ class ReloadableProcessGroup(_NativeProcessGroup):
             "args": self._record.args,
             "kwargs": dict(self._record.kwargs),
         }
+
+    @property
+    def group_name(self) -> str:
+        """The group's name, the same for every incarnation; resolving it gives this object."""
+        inner = self.group
+        if inner is None:
+            raise self.destroyed_error("property 'group_name'")
+        name = inner.group_name
+        record = self._record
+        if record.keep is None:
+            names.publish(name, self)
+            record.keep = self
+        return name
 
     @property
     def is_destroyed(self) -> bool:
@@ -133,6 +169,33 @@ class ReloadableProcessGroup(_NativeProcessGroup):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ReloadableProcessGroup:
         return self
+
+
+_OPAQUE_MEMBERS_REGISTERED = False
+
+
+def _register_opaque_members() -> None:
+    """Let torch.compile read ``.group`` of a reloadable group, as it reads a group's name.
+
+    torch registers ``ProcessGroup`` as an opaque type whose listed members Dynamo may read
+    (``group_name``, ``size``...). This subclass inherits the list, which lacks ``group``: the
+    native group a compiled ``P2POp`` construction unwraps to. Done on the first group (not at
+    import: torch is still importing when the patch loads this module).
+    """
+    global _OPAQUE_MEMBERS_REGISTERED
+    _OPAQUE_MEMBERS_REGISTERED = True
+    try:
+        from torch._library import opaque_object
+        from torch.distributed import device_mesh
+    except ImportError:  # a torch without opaque types: Dynamo does not ask
+        return
+    register = getattr(device_mesh, "_register_distributed_opaque_types", None)
+    if register is not None:
+        register()  # torch's own, done lazily: ProcessGroup's members first
+    info = opaque_object.get_opaque_obj_info(ReloadableProcessGroup)
+    members = dict(info.members) if info is not None else {}
+    members["group"] = opaque_object.MemberType.USE_REAL
+    opaque_object.register_opaque_type(ReloadableProcessGroup, typ="reference", members=members)
 
 
 def _forward_method(name: str, base: Any) -> Any:
@@ -203,9 +266,12 @@ def _forward_property(name: str, base: property) -> property:
 def _install_forwarders(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
     methods, properties = [], []
     for name in dir(_NativeProcessGroup):
-        if name.startswith("__") or name in _NOT_FORWARDED or name in cls.__dict__:
+        if name.startswith("__") or name in _NOT_FORWARDED:
             continue
         raw = inspect.getattr_static(_NativeProcessGroup, name)
+        if name in cls.__dict__:  # forwarded by a hand-written member (group_name)
+            (properties if isinstance(raw, property) else methods).append(name)
+            continue
         if isinstance(raw, property):
             setattr(cls, name, _forward_property(name, raw))
             properties.append(name)

@@ -18,8 +18,10 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from . import names, state
+from . import aliases, inplace, mode, names, state
 from .backends import component_names, holds_accelerator_memory
+from .record import Record, State
+from .reloadable import ReloadableProcessGroup
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -37,7 +39,12 @@ class Registration:
     pg_options: Any
     swap: bool
     temporary_backend: str
+    #: WORLD is reconfigured in place on reload (native mode), never swapped.
+    in_place: bool = False
     swapped: bool = False
+    #: When WORLD is swapped: what WORLD's name resolves to, across every swap. Whatever
+    #: resolved the name (a DeviceMesh dimension, FSDP2) holds this, not a WORLD that goes.
+    stand_in: ReloadableProcessGroup | None = None
 
 
 def group_timeout(group: Any) -> timedelta | None:
@@ -108,7 +115,10 @@ def register_default_process_group(
         )
     backend = str(c10d.get_backend())
     default_group = c10d._get_default_group()
-    if chosen is None:
+    in_place = mode.reloads_in_place(default_group)
+    if in_place:
+        swap = False
+    elif chosen is None:
         swap = holds_accelerator_memory(backend)
     else:
         swap = bool(set(component_names(backend)) & {b.lower() for b in chosen})
@@ -123,14 +133,22 @@ def register_default_process_group(
         pg_options=_accelerator_options(default_group, backend),
         swap=swap,
         temporary_backend=temporary_backend,
+        in_place=in_place,
     )
     holder.known_world = default_group
+    if swap:
+        record = Record((), {}, str(default_group.group_name), State.LIVE)
+        record.is_world = True
+        holder.world.stand_in = ReloadableProcessGroup(
+            default_group, list(range(holder.world.world_size)), _record=record
+        )
+        names.publish(record.name, holder.world.stand_in)
     logger.info(
-        "registered WORLD for reload: backend=%s rank=%d world_size=%d swap=%s timeout=%s",
+        "registered WORLD for reload: backend=%s rank=%d world_size=%d %s timeout=%s",
         backend,
         holder.world.rank,
         holder.world.world_size,
-        swap,
+        "in place" if in_place else f"swap={swap}",
         holder.world.timeout,
     )
 
@@ -202,7 +220,25 @@ def _init_world(world: Registration, backend: str, destroy_all: Callable[[], Non
             timeout=world.timeout,
             **kwargs,
         )
-    holder.known_world = c10d._get_default_group()
+    default = c10d._get_default_group()
+    holder.known_world = default
+    stand_in = world.stand_in
+    if stand_in is not None:  # torch cleared its maps and names: point them at us again
+        stand_in.group = default
+        stand_in.mirror_backends()
+        stand_in._record.alias = aliases.link(stand_in, default)
+        names.publish(str(default.group_name), stand_in)
+
+
+def forget() -> None:
+    """The program destroyed WORLD: the registration ends, and so does WORLD's stand-in."""
+    holder = state.current()
+    world = holder.world
+    holder.world = None
+    if world is not None and world.stand_in is not None:
+        world.stand_in.group = None
+        world.stand_in._record.ended_with_world = True
+        world.stand_in._record.move(State.ENDED)
 
 
 def swap_out(destroy_all: Callable[[], None]) -> None:
@@ -226,3 +262,18 @@ def swap_in(destroy_all: Callable[[], None]) -> bool:
     world.swapped = False
     logger.info("restored %s WORLD", world.backend)
     return True
+
+
+def release_in_place() -> None:
+    """Free WORLD's communicator in place (native mode); the object stays the default group."""
+    world = registration()
+    if world is not None and world.in_place:
+        world.timeout = group_timeout(c10d._get_default_group()) or world.timeout
+        inplace.release(c10d._get_default_group())
+
+
+def rebuild_in_place() -> None:
+    """Reconfigure WORLD in place, before the groups (native mode)."""
+    world = registration()
+    if world is not None and world.in_place:
+        inplace.rebuild(c10d._get_default_group(), "WORLD", world.timeout)

@@ -6,12 +6,11 @@ The set of functions is derived from the installed torch: every callable of the
 installed (the doctor prints how many this torch has).
 
 Where torch keys on identity, it gets what it expects. Each wrapper is installed in the
-namespace and, for the public API, also in ``distributed_c10d`` where torch defines the
-function, so that ``from torch.distributed.distributed_c10d import all_reduce`` gets it, torch's
-own comparisons (``op in (isend, irecv)``, Dynamo's ``fn is dist.all_reduce``) agree, and pickle
-finds each wrapper under its ``__module__`` and ``__qualname__``. Private helpers stay torch's
-own in ``distributed_c10d``: torch calls them inside every collective, and the lookups they do
-already answer for reloadable groups (``groups.aliases``). Dynamo learns the wrappers through
+namespace and also in ``distributed_c10d`` where torch defines the function, so that ``from
+torch.distributed.distributed_c10d import all_reduce`` gets it, torch's own comparisons (``op
+in (isend, irecv)``, Dynamo's ``fn is dist.all_reduce``) agree, and pickle finds each wrapper
+under its ``__module__`` and ``__qualname__``. The one exception is a helper every collective
+calls (``_HOT_HELPERS``), which needs no unwrapping anyway. Dynamo learns the wrappers through
 its remap table (``dynamo``), and torch's own modules that bound the originals at import are
 swept (``sweep.rebind_torch``).
 """
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +34,10 @@ FAIL_ENV = "SLIME_RELOADABLE_PG_INJECT_FAILURE"
 
 NAMESPACE = "torch.distributed"
 C10D = "torch.distributed.distributed_c10d"
+
+#: Left torch's own in distributed_c10d: every collective calls it with the group it has,
+#: and it only compares that group with NON_GROUP_MEMBER, which a reloadable group is not.
+_HOT_HELPERS = frozenset({"_rank_not_in_group"})
 
 
 def _inject_failure_if_asked() -> None:
@@ -93,11 +97,11 @@ def _build(dist: types.ModuleType) -> state.PatchState:
         elif target is not None:
             use(name, target)
 
-    # The same wrappers where torch defines the public API. new_group there has no outer layer
-    # above it (torch's own modules call it directly), so it is a copy that always wraps.
+    # The same wrappers where torch defines them. new_group there has no outer layer above it
+    # (torch's own modules call it directly), so it is a copy that always wraps.
     in_c10d: dict[str, Any] = {}
     for name, wrapper in wrappers.items():
-        if name.startswith("_") or c10d_snapshot.get(name) is not originals[name]:
+        if name in _HOT_HELPERS or c10d_snapshot.get(name) is not originals[name]:
             continue
         in_c10d[name] = (
             factories.make_new_group(new_group, dist, outermost_check=False)
@@ -108,7 +112,8 @@ def _build(dist: types.ModuleType) -> state.PatchState:
         _home(wrapper, C10D if in_c10d.get(name) is wrapper else NAMESPACE)
     for wrapper in in_c10d.values():
         _home(wrapper, C10D)
-    return state.PatchState(originals, wrappers, in_c10d)
+    lifecycle = frozenset({"new_group", "destroy_process_group", *clones})
+    return state.PatchState(originals, wrappers, in_c10d, lifecycle & set(wrappers))
 
 
 def _home(wrapper: Any, module: str) -> None:
@@ -116,17 +121,45 @@ def _home(wrapper: Any, module: str) -> None:
     wrapper.__module__ = module
 
 
-def _apply(dist: types.ModuleType, c10d: types.ModuleType, patch: state.PatchState) -> None:
+def _apply(patch: state.PatchState, names: set[str]) -> None:
+    """Install the wrappers of ``names`` (all or none: a failure puts torch's back)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
     done: list[tuple[types.ModuleType, str, Any]] = []
     try:
-        for module, installed in ((dist, patch.wrappers), (c10d, patch.c10d)):
-            for name, wrapper in installed.items():
-                done.append((module, name, getattr(module, name)))
-                setattr(module, name, wrapper)
+        for module, wrappers in ((dist, patch.wrappers), (c10d, patch.c10d)):
+            for name, wrapper in wrappers.items():
+                if name in names:
+                    done.append((module, name, getattr(module, name)))
+                    setattr(module, name, wrapper)
     except BaseException:
         for module, name, previous in reversed(done):
             setattr(module, name, previous)
         raise
+    patch.mark_installed(names)
+
+
+def _lifecycle_only() -> bool:
+    """Native mode on a torch that reloads in place: no group ever needs a wrapper."""
+    from ..groups import mode
+
+    return mode.get_reload_mode() == "native" and mode.torch_can_reconfigure()
+
+
+def complete(reason: str) -> None:
+    """Install the wrappers left out in native mode, now that ``reason`` needs them."""
+    with state.LOCK:
+        patch = state.current()
+        if patch is None or patch.complete:
+            return
+        _apply(patch, set(patch.wrappers) - patch.installed)
+        dynamo.register(patch, load="torch.distributed._functional_collectives" in sys.modules)
+        rebound = sweep.rebind_torch()
+        logger.info(
+            "installed the collective wrappers too (%s); rebound %d bindings", reason, len(rebound)
+        )
+    sweep.rebind(None)
 
 
 def monkey_patch_torch_dist(rebind_prefixes: str | Iterable[str] | None = None) -> None:
@@ -152,19 +185,17 @@ def patch(
                     "torch.distributed is not available in this torch build; not patching"
                 )
                 return
-            from torch.distributed import distributed_c10d
-
             _inject_failure_if_asked()
             built = _build(dist)
-            _apply(dist, distributed_c10d, built)
+            _apply(built, set(built.lifecycle) if _lifecycle_only() else set(built.wrappers))
             state.set_current(built)
             dynamo.register(built, load=load_dynamo_table)
             rebound = sweep.rebind_torch()
             logger.info(
                 "patched %d torch.distributed functions (%d also in distributed_c10d); "
                 "rebound %d bindings in torch's own modules",
-                len(built.wrappers),
-                len(built.c10d),
+                len(built.installed),
+                len(built.installed & set(built.c10d)),
                 len(rebound),
             )
     changed = sweep.rebind(prefixes)

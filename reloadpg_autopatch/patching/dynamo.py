@@ -39,7 +39,8 @@ def register(patch: state.PatchState | None = None, *, load: bool = True) -> int
     if table is None:
         return 0
     added = 0
-    for name, original in patch.originals.items():
+    for name in patch.installed:
+        original = patch.originals[name]
         remap = table.get(original)
         if remap is None:
             continue
@@ -57,7 +58,8 @@ def report() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"registered": [], "missing": []}
     if patch is None or table is None:
         return out
-    for name, original in sorted(patch.originals.items()):
+    for name in sorted(patch.installed):
+        original = patch.originals[name]
         if original in table:
             key = "registered" if patch.wrappers[name] in table else "missing"
             out[key].append(name)

@@ -22,6 +22,8 @@ from typing import Any
 import torch.distributed as dist
 
 from ..groups import lifecycle, state
+from ..groups.reloadable import ReloadableProcessGroup
+from . import state as patch_state
 from .wrapgen import mark
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -44,6 +46,15 @@ def outer_wraps(outer: Any, namespace: Any) -> str | None:
     if getattr(namespace, SLIME_DECLARATION, None) is not None:
         return f"torch.distributed.{SLIME_DECLARATION} is set, as slime's patch sets it"
     return None
+
+
+def _complete(reason: str) -> None:
+    """Collectives must unwrap groups from now on (they stay torch's in native mode)."""
+    patch = patch_state.current()
+    if patch is not None and not patch.complete:
+        from .apply import complete
+
+        complete(reason)
 
 
 def _step_back(outer: Any, reason: str) -> None:
@@ -78,8 +89,12 @@ def make_new_group(
                 reason = outer_wraps(outer, namespace)
                 if reason is not None:
                     _step_back(outer, reason)
+                    _complete(f"{_label(outer)} wraps groups")
                     return original(*args, **kwargs)
-        return lifecycle.create(original, args, kwargs)
+        group = lifecycle.create(original, args, kwargs)
+        if type(group) is ReloadableProcessGroup:
+            _complete("a group reloads behind a wrapper")
+        return group
 
     return mark(new_group, original)
 

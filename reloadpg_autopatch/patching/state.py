@@ -30,15 +30,28 @@ class PatchState:
     wrappers: dict[str, Any]
     #: ``distributed_c10d`` name -> our wrapper, installed where torch defines the function.
     c10d: dict[str, Any] = field(default_factory=dict)
-    #: id(original) -> (original, wrapper), built once: the sweep looks values up by id. A
-    #: module that bound an original gets the wrapper of the place torch defines it.
-    by_original_id: dict[int, tuple[Any, Any]] = field(init=False)
+    #: The names that create or destroy groups: all a process needs whose groups all reload in
+    #: place (native mode), where nothing stands in for a group and collectives stay torch's.
+    lifecycle: frozenset[str] = frozenset()
+    #: The names installed now: every name, or only ``lifecycle`` until something needs more.
+    installed: set[str] = field(default_factory=set)
+    #: id(original) -> (original, wrapper) for the installed names: the sweep looks values up
+    #: by id. A module that bound an original gets the wrapper of the place torch defines it.
+    by_original_id: dict[int, tuple[Any, Any]] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
+    def mark_installed(self, names: set[str]) -> None:
+        self.installed |= names
         self.by_original_id = {
-            id(original): (original, self.c10d.get(name, self.wrappers[name]))
-            for name, original in self.originals.items()
+            id(self.originals[name]): (
+                self.originals[name],
+                self.c10d.get(name, self.wrappers[name]),
+            )
+            for name in self.installed
         }
+
+    @property
+    def complete(self) -> bool:
+        return self.installed >= set(self.wrappers)
 
 
 _STATE: PatchState | None = None
@@ -61,4 +74,4 @@ def is_patched() -> bool:
 
 def patched_names() -> list[str]:
     """The ``torch.distributed`` names this process's patch replaced."""
-    return sorted(_STATE.wrappers) if _STATE is not None else []
+    return sorted(_STATE.installed) if _STATE is not None else []
