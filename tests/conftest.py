@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,48 @@ ROOT = Path(__file__).resolve().parent.parent
 # Children started by the tests must never inherit a gate or switch from the caller's shell.
 for _name in [n for n in os.environ if n.startswith("SLIME_RELOADABLE_PG")]:
     del os.environ[_name]
+
+
+TORCH_INSTALLED = importlib.util.find_spec("torch") is not None
+
+
+def pytest_report_header(config) -> str:
+    # Without torch only the `startup` tests can run (`pytest -m startup`, `make test-startup`).
+    if not TORCH_INSTALLED:
+        return "torch: not installed; only the tests marked startup can run here (-m startup)"
+    try:
+        return f"torch: {version('torch')}"
+    except PackageNotFoundError:
+        return "torch: importable, version unknown"
+
+
+class _ModuleWithoutTorch(pytest.Module):
+    """A test module that imports torch at its top: without torch, skipped as a whole, saying so.
+
+    The selection (``-m startup``) decides which tests run in the start-up lane; this only keeps
+    modules it deselects entirely from failing collection. A module that holds a startup test
+    must import without torch, so there the error stands.
+    """
+
+    def collect(self):
+        try:
+            return super().collect()
+        except self.CollectError as error:
+            cause = error.__cause__
+            missing = isinstance(cause, ModuleNotFoundError) and cause.name == "torch"
+            if not missing or "mark.startup" in self.path.read_text(encoding="utf-8"):
+                raise
+            pytest.skip(
+                f"{self.path.name} imports torch, which this interpreter does not have (only "
+                "the tests marked startup run without it)",
+                allow_module_level=True,
+            )
+
+
+if not TORCH_INSTALLED:
+
+    def pytest_pycollect_makemodule(module_path, parent):
+        return _ModuleWithoutTorch.from_parent(parent, path=module_path)
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +94,10 @@ def built(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def installed(built, tmp_path_factory):
-    """A fresh venv with the wheel installed, reusing this environment's torch and megatron."""
+    """A fresh venv with the wheel installed, reusing this environment's packages.
+
+    In the torch lanes that is torch and megatron-core; in the start-up lane, no torch at all.
+    """
     from tests._venv import make_venv
 
     venv = make_venv(tmp_path_factory.mktemp("venv") / "installed")

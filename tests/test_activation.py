@@ -21,6 +21,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.startup
 @pytest.mark.parametrize(
     ("value", "activates", "warns"),
     [
@@ -55,6 +56,7 @@ def test_gate_values(installed, value, activates, warns) -> None:
         assert lines == []
 
 
+@pytest.mark.startup
 def test_processing_the_pth_twice_activates_once(installed) -> None:
     # A venv processes .pth files twice on some Pythons (cpython#75723); so can a re-run of site.
     source = (
@@ -71,6 +73,7 @@ def test_processing_the_pth_twice_activates_once(installed) -> None:
         assert len(proc.stderr.splitlines()) == warnings, proc.stderr
 
 
+@pytest.mark.startup
 @pytest.mark.parametrize("broken", ["missing", "raises", "syntax"])
 def test_a_broken_package_never_stops_the_interpreter(tmp_path, broken) -> None:
     venv = make_venv(tmp_path / "broken", reuse_test_packages=False)
@@ -213,6 +216,7 @@ def test_rebind_and_log_variables(installed, tmp_path) -> None:
     assert "not a module name" in lines[1]
 
 
+@pytest.mark.startup
 def test_import_of_the_package_does_not_import_torch() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "import sys, reloadpg_autopatch; print('torch' in sys.modules)"],

@@ -11,7 +11,7 @@ import pytest
 
 from reloadpg_autopatch._startup import hook as _hook
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.startup, pytest.mark.timeout(60)]
 
 
 @pytest.fixture

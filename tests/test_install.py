@@ -26,11 +26,15 @@ print(json.dumps(out))
 """
 
 
-def check_installed(venv: Venv) -> None:
+def check_site_files(venv: Venv) -> None:
     for name in SITE_FILES:
         installed = venv.purelib / name
         assert installed.is_file(), f"{name} missing from {venv.purelib}"
         assert installed.read_text() == (ROOT / name).read_text()
+
+
+def check_installed(venv: Venv) -> None:
+    check_site_files(venv)
 
     on = venv.script(PROBE, SLIME_RELOADABLE_PG="1")
     assert on["patched"]
@@ -45,13 +49,14 @@ def check_installed(venv: Venv) -> None:
     assert off["_stderr"] == ""
 
 
-def check_uninstalled(venv: Venv) -> None:
+def check_uninstalled(venv: Venv, probe: str = PROBE) -> None:
     venv.pip("uninstall", "--yes", "reloadpg_autopatch")
     for name in SITE_FILES:
         assert not (venv.purelib / name).exists(), f"{name} left behind by pip uninstall"
     assert not (venv.purelib / "reloadpg_autopatch").exists()
-    off = venv.script(PROBE, SLIME_RELOADABLE_PG="1")  # the gate alone does nothing now
-    assert not off["patched"]
+    off = venv.script(probe, SLIME_RELOADABLE_PG="1")  # the gate alone does nothing now
+    assert not off.get("patched")
+    assert off["at_start"] == []
 
 
 def test_wheel_install_and_uninstall(tmp_path) -> None:
@@ -77,3 +82,48 @@ def test_sdist_carries_the_files_and_its_wheel_installs_them(built, installed) -
     with zipfile.ZipFile(built["wheel"]) as wheel:  # this wheel was built from the sdist
         assert set(SITE_FILES) <= set(wheel.namelist())
     check_installed(installed)
+
+
+# Without torch: the gate on installs the hook and nothing else; importing torch.distributed
+# then fails exactly as it would without the package.
+NO_TORCH_PROBE = r"""
+import json, sys
+out = {
+    "at_start": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "hooks": [type(f).__module__ for f in sys.meta_path if "reloadpg" in type(f).__module__],
+    "torch_at_start": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+}
+try:
+    import torch.distributed
+except ImportError as error:
+    out["error"] = f"{type(error).__name__}: {error}"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.startup
+def test_wheel_installs_and_starts_up_without_torch(built, tmp_path) -> None:
+    # Built by this test run's Python, which in the start-up lanes is 3.10, 3.12 or 3.13.
+    venv = make_venv(tmp_path / "no-torch", reuse_test_packages=False)
+    venv.pip("install", "--no-deps", str(built["wheel"]))
+    check_site_files(venv)
+
+    on = venv.script(NO_TORCH_PROBE, SLIME_RELOADABLE_PG="1")
+    # Only the start-up layer: the package, _startup, its bootstrap and the hook it installed.
+    assert on["at_start"] == [
+        "reloadpg_autopatch",
+        "reloadpg_autopatch._startup",
+        "reloadpg_autopatch._startup.bootstrap",
+        "reloadpg_autopatch._startup.hook",
+    ]
+    assert on["hooks"] == ["reloadpg_autopatch._startup.hook"]
+    assert on["torch_at_start"] == []
+    assert on["error"] == "ModuleNotFoundError: No module named 'torch'"
+    assert on["_stderr"] == ""  # no torch here to log anything: every line would be ours
+
+    off = venv.script(NO_TORCH_PROBE, SLIME_RELOADABLE_PG="0")
+    assert off["at_start"] == off["hooks"] == off["torch_at_start"] == []
+    assert off["error"] == "ModuleNotFoundError: No module named 'torch'"
+    assert off["_stderr"] == ""
+
+    check_uninstalled(venv, NO_TORCH_PROBE)

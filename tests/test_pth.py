@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from reloadpg_autopatch._startup import bootstrap as _bootstrap
 from reloadpg_autopatch._startup import pth as _pth
 from tests._venv import ROOT
+
+pytestmark = pytest.mark.startup
 
 
 def test_pth_and_start_files_match_their_source() -> None:
