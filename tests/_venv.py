@@ -20,6 +20,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Every stderr line this package writes starts with its name; site reports a failing .pth line
+# and an uncaught error starts a traceback. Anything else (torch's CUDA build logs "No CUDA
+# runtime is found" on a GPU-less machine) is not ours to assert on.
+_REPORTED = ("reloadpg_autopatch", "Error processing line", "Traceback (most recent call last)")
+
+
+def reported(stderr: str) -> list[str]:
+    """The lines of ``stderr`` that are ours, or a failure that a test must see."""
+    return [line for line in stderr.splitlines() if line.startswith(_REPORTED)]
+
+
 def clean_env(**overrides: str | None) -> dict[str, str]:
     """The current environment without our variables or PYTHONPATH, plus ``overrides``."""
     env = {
