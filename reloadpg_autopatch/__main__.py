@@ -65,6 +65,18 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--timeout must be positive, got {args.timeout}")
     if args.inject_failure is not None and not 0 <= args.inject_failure < args.world_size:
         parser.error(f"--inject-failure must name a rank from 0 to {args.world_size - 1}")
+    # The launcher and every rank need torch: without it, one line instead of a traceback.
+    try:
+        import torch.distributed  # noqa: F401
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            raise
+        print(
+            f"{parser.prog} demo: error: torch is not installed in this interpreter "
+            f"({sys.executable}); install torch into this environment to run the demo",
+            file=sys.stderr,
+        )
+        return 1
     from .tools.demo import run_demo
     from .tools.launch import PortInUse
 

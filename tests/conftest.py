@@ -103,3 +103,13 @@ def installed(built, tmp_path_factory):
     venv = make_venv(tmp_path_factory.mktemp("venv") / "installed")
     venv.pip("install", "--no-deps", str(built["wheel"]))
     return venv
+
+
+@pytest.fixture(scope="session")
+def installed_without_torch(built, tmp_path_factory):
+    """A fresh venv with the wheel installed and no torch, whatever this environment holds."""
+    from tests._venv import make_venv
+
+    venv = make_venv(tmp_path_factory.mktemp("venv") / "without-torch", reuse_test_packages=False)
+    venv.pip("install", "--no-deps", str(built["wheel"]))
+    return venv

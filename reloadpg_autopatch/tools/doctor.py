@@ -155,7 +155,12 @@ def _check_torch(report: Report, imports: list[str]) -> None:
         import torch.distributed as dist
     except Exception as error:
         report.torch = {"version": None, "patched": False}
-        report.problems.append(f"cannot import torch.distributed: {type(error).__name__}: {error}")
+        if isinstance(error, ModuleNotFoundError) and error.name == "torch":
+            _torch_absent(report)
+        else:
+            report.problems.append(
+                f"cannot import torch.distributed: {type(error).__name__}: {error}"
+            )
         return
     from ..patching import state
 
@@ -190,6 +195,19 @@ def _check_torch(report: Report, imports: list[str]) -> None:
         from ..groups.reloadable import forwarding_report
 
         report.forwarding = forwarding_report()
+
+
+def _torch_absent(report: Report) -> None:
+    """No torch here: nothing to patch, which is healthy unless the gate asks for the patch."""
+    report.torch["installed"] = False
+    report.activation = bootstrap.status()
+    gate = report.gate
+    if gate.get("verdict") == "on":
+        report.problems.append(
+            f"the gate is on ({gate['variable']}={gate['value']!r}) but torch is not importable "
+            f"in this interpreter ({sys.executable}): install torch into this environment, or "
+            "run the doctor with the training process's interpreter"
+        )
 
 
 def diagnose(imports: list[str] | None = None) -> Report:
@@ -240,6 +258,8 @@ def render(report: Report) -> str:
         )
         if torch_info.get("outer_patch_on_new_group"):
             lines.append("  layering     another patch wraps new_group on top of ours (it wraps)")
+    elif torch_info.get("installed") is False:
+        lines.append("  torch        not installed in this interpreter: nothing to patch")
     for name, outcome in report.imports.items():
         lines.append(f"  import       {name}: {outcome}")
     if torch_info.get("patched"):
