@@ -13,10 +13,14 @@ pytestmark = pytest.mark.timeout(600)
 
 SITE_FILES = ("reloadpg_autopatch.pth", "reloadpg_autopatch.start")
 
-# Never imports anything of ours: it only looks at what torch.distributed now holds.
+# Never imports anything of ours: it only looks at what torch.distributed now holds. torch's
+# modules are listed from sys.modules itself: start-up must not import torch, under any name.
 PROBE = r"""
 import json, sys
-out = {"at_start": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch"))}
+out = {
+    "at_start": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "torch_at_start": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+}
 import torch.distributed as dist
 fn = dist.all_gather_into_tensor
 out["patched"] = getattr(fn, "__reloadpg_autopatch__", False) is True
@@ -40,12 +44,13 @@ def check_installed(venv: Venv) -> None:
     assert on["patched"]
     assert on["wrapped_original"] == "torch.distributed.distributed_c10d"
     assert "reloadpg_autopatch._startup.bootstrap" in on["at_start"]
-    assert "torch" not in " ".join(on["at_start"])
+    assert on["torch_at_start"] == []
     assert reported(on["_stderr"]) == [], on["_stderr"]
 
     off = venv.script(PROBE)
     assert not off["patched"]
     assert off["at_start"] == off["at_end"] == []
+    assert off["torch_at_start"] == []
     assert reported(off["_stderr"]) == [], off["_stderr"]
 
 
