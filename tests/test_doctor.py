@@ -52,13 +52,13 @@ def test_gate_off_is_healthy_but_says_inactive(installed) -> None:
 
 def test_stale_reference_exits_one_and_names_it(installed, tmp_path) -> None:
     (tmp_path / "stale_probe.py").write_text(
-        "from torch.distributed.distributed_c10d import _coalescing_manager as bound_cm\n"
+        "from torch.distributed.distributed_c10d import _rank_not_in_group as bound_helper\n"
     )
     proc = doctor(
         installed, "--import", "stale_probe", SLIME_RELOADABLE_PG="1", PYTHONPATH=str(tmp_path)
     )
     assert proc.returncode == 1, proc.stdout
-    assert "stale_probe.bound_cm" in proc.stdout
+    assert "stale_probe.bound_helper" in proc.stdout
     assert "SLIME_RELOADABLE_PG_REBIND" in proc.stdout
 
 
@@ -83,3 +83,50 @@ def test_site_disabled_reports_the_pth_was_not_processed(installed) -> None:
 def test_usage_errors_exit_two(installed) -> None:
     assert doctor(installed, "--bogus").returncode == 2
     assert installed.run("-m", "reloadpg_autopatch", env=clean_env()).returncode == 2
+
+
+def test_doctor_reports_each_fidelity_mechanism(installed) -> None:
+    report = json.loads(doctor(installed, "--json", SLIME_RELOADABLE_PG="1").stdout)
+    fidelity = report["fidelity"]
+    assert fidelity["c10d"]["installed"] >= 40
+    assert fidelity["c10d"]["displaced"] == []
+    assert fidelity["compile"] == {"loaded": False, "waiting": True}
+    assert fidelity["mode"]["mode"] == "wrapper"
+    # Once torch.compile's table is loaded, every remappable collective of ours is in it.
+    loaded = json.loads(
+        doctor(
+            installed,
+            "--json",
+            "--import",
+            "torch.distributed._functional_collectives",
+            SLIME_RELOADABLE_PG="1",
+        ).stdout
+    )
+    assert loaded["verdict"] == "healthy"
+    compile_info = loaded["fidelity"]["compile"]
+    assert compile_info["loaded"] is True
+    assert compile_info["missing"] == []
+    assert {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"} <= set(
+        compile_info["registered"]
+    )
+
+
+def test_doctor_names_a_displaced_wrapper_and_a_bad_mode(installed, tmp_path) -> None:
+    # Something that puts torch's original back into distributed_c10d after our patch.
+    (tmp_path / "undo_probe.py").write_text(
+        "import inspect\n"
+        "from torch.distributed import distributed_c10d as c10d\n"
+        "c10d.all_reduce = inspect.unwrap(c10d.all_reduce)\n"
+    )
+    proc = doctor(
+        installed,
+        "--import",
+        "undo_probe",
+        SLIME_RELOADABLE_PG="1",
+        SLIME_RELOADABLE_PG_MODE="fastest",
+        PYTHONPATH=str(tmp_path),
+    )
+    assert proc.returncode == 1, proc.stdout
+    assert "distributed_c10d no longer holds our wrappers of: all_reduce" in proc.stdout
+    assert "SLIME_RELOADABLE_PG_MODE='fastest' is not a mode" in proc.stderr  # at start-up
+    assert "PROBLEM      SLIME_RELOADABLE_PG_MODE='fastest' is not a mode" in proc.stdout

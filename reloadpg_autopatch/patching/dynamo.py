@@ -59,8 +59,10 @@ def report() -> dict[str, list[str]]:
     if patch is None or table is None:
         return out
     for name in sorted(patch.installed):
-        original = patch.originals[name]
-        if original in table:
-            key = "registered" if patch.wrappers[name] in table else "missing"
-            out[key].append(name)
+        # Imported after the patch, the table was built from our wrappers (its keys come from
+        # distributed_c10d, which holds them); imported before, from torch's originals.
+        if patch.wrappers[name] in table or patch.c10d.get(name) in table:
+            out["registered"].append(name)
+        elif patch.originals[name] in table:
+            out["missing"].append(name)
     return out

@@ -38,6 +38,7 @@ class Report:
     torch: dict[str, Any] = field(default_factory=dict)
     stale: list[dict[str, str]] = field(default_factory=list)
     forwarding: dict[str, list[str]] = field(default_factory=dict)
+    fidelity: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -109,7 +110,14 @@ def _check_gate(report: Report) -> None:
         report.problems.append(problem)
     log = os.environ.get(bootstrap.LOG_ENV)
     rebind = os.environ.get(bootstrap.REBIND_ENV)
-    report.options = {bootstrap.LOG_ENV: log, bootstrap.REBIND_ENV: rebind}
+    report.options = {
+        bootstrap.LOG_ENV: log,
+        bootstrap.REBIND_ENV: rebind,
+        bootstrap.MODE_ENV: os.environ.get(bootstrap.MODE_ENV),
+    }
+    mode_problem = bootstrap.reload_mode_problem()
+    if mode_problem is not None:
+        report.problems.append(mode_problem)
     if log and log.strip().upper() not in bootstrap.LOG_LEVELS:
         report.problems.append(
             f"{bootstrap.LOG_ENV}={log!r} is not a log level; use one of "
@@ -195,6 +203,112 @@ def _check_torch(report: Report, imports: list[str]) -> None:
         from ..groups.reloadable import forwarding_report
 
         report.forwarding = forwarding_report()
+        _check_mode(report)
+    if patched:
+        _check_fidelity(report)
+
+
+def _check_mode(report: Report) -> None:
+    """The reload mode in force, and for each backend in use here which one applies and why."""
+    import torch.distributed as dist
+
+    from ..groups import lifecycle, mode
+
+    chosen = mode.get_reload_mode()
+    backends: dict[str, str] = {}
+    groups = [dist.GroupMember.WORLD] if dist.is_initialized() else []
+    groups += [getattr(g, "group", g) for g in lifecycle.reloadable_groups()]
+    for group in groups:
+        if group is None:  # destroyed now: its backend shows again after reload
+            continue
+        name = str(group._get_backend_name())
+        if name in backends:
+            continue
+        refusal = mode.in_place_refusal(group)
+        if chosen == "wrapper":
+            backends[name] = "behind a wrapper (the mode is wrapper)"
+        elif refusal is None:
+            backends[name] = "in place (ProcessGroup.reconfigure)"
+        elif chosen == "auto":
+            backends[name] = f"behind a wrapper: {refusal}"
+        else:
+            backends[name] = f"REFUSED: {refusal}"
+            report.problems.append(f"native mode cannot reload {name} groups: {refusal}")
+    if not mode.torch_can_reconfigure():
+        why = mode.in_place_refusal(None)
+        backends.setdefault("every backend", f"behind a wrapper: {why}")
+    report.fidelity["mode"] = {
+        "mode": chosen,
+        "variable": os.environ.get(mode.MODE_ENV),
+        "backends": backends,
+    }
+
+
+def _check_fidelity(report: Report) -> None:
+    """Whether each mechanism that keeps torch from telling our groups apart is in place."""
+    import sys as _sys
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from .._startup import hook
+    from ..groups import aliases, lifecycle
+    from ..patching import dynamo, state
+
+    patch = state.current()
+    in_c10d = sorted(n for n in patch.installed if n in patch.c10d)
+    displaced = [n for n in in_c10d if getattr(c10d, n, None) is not patch.c10d[n]]
+    report.fidelity["c10d"] = {
+        "installed": len(in_c10d),
+        "namespace_only": sorted(patch.installed - set(patch.c10d)),
+        "displaced": displaced,
+    }
+    if displaced:
+        report.problems.append(
+            "distributed_c10d no longer holds our wrappers of: " + ", ".join(displaced)
+        )
+    if dynamo.MODULE in _sys.modules:
+        remaps = dynamo.report()
+        report.fidelity["compile"] = {"loaded": True, **remaps}
+        if remaps["missing"]:
+            report.problems.append(
+                "torch.compile does not know our wrappers of "
+                + ", ".join(remaps["missing"])
+                + ": fullgraph compilation of them fails; patch before compiling anything"
+            )
+    else:
+        waiting = any(getattr(f, "name", None) == dynamo.MODULE for f in hook.installed())
+        report.fidelity["compile"] = {"loaded": False, "waiting": waiting}
+        if patch.complete and not waiting:
+            report.problems.append(
+                f"{dynamo.MODULE} is not loaded and nothing waits for it: torch.compile will "
+                "not know our wrappers"
+            )
+    live = lifecycle.reloadable_groups()
+    wrong = []
+    for group in live:
+        native = getattr(group, "group", None)
+        if native is None:  # in place (no wrapper), or destroyed right now
+            continue
+        name = str(native.group_name)
+        try:
+            resolved = c10d._resolve_process_group(name)
+        except RuntimeError as error:
+            wrong.append(f"{name!r} does not resolve: {error}")
+            continue
+        if resolved is not group and resolved is not native:
+            wrong.append(f"{name!r} resolves to another group")
+        if group not in c10d._world.pg_group_ranks:
+            wrong.append(f"{name!r} is unknown to torch's maps")
+    report.fidelity["groups"] = {
+        "reloadable": len(live),
+        "aliases": aliases.count(),
+        "maps_answer_for_wrappers": aliases.installed() or not live,
+        "inconsistent": wrong,
+    }
+    if wrong:
+        report.problems.append("group names or maps are inconsistent: " + "; ".join(wrong))
+    report.fidelity["initialized"] = dist.is_initialized()
 
 
 def _torch_absent(report: Report) -> None:
@@ -268,6 +382,39 @@ def render(report: Report) -> str:
             lines.extend(f"                 {s['module']}.{s['attribute']}" for s in report.stale)
         else:
             lines.append(f"  stale refs   none in {len(sys.modules)} loaded modules")
+    fid = report.fidelity
+    if fid.get("c10d"):
+        c = fid["c10d"]
+        only = ", ".join(c["namespace_only"]) or "none"
+        lines.append(
+            f"  c10d         {c['installed']} wrappers also in distributed_c10d "
+            f"(namespace only: {only})"
+        )
+    if fid.get("compile"):
+        c = fid["compile"]
+        if c.get("loaded"):
+            lines.append(
+                f"  compile      torch.compile remaps {len(c['registered'])} of our collectives"
+                + (f"; MISSING: {', '.join(c['missing'])}" if c["missing"] else "")
+            )
+        else:
+            lines.append(
+                "  compile      remaps registered when torch.compile first needs them"
+                if c.get("waiting")
+                else "  compile      remaps NOT registered"
+            )
+    if fid.get("groups"):
+        g = fid["groups"]
+        state = "consistent" if not g["inconsistent"] else "INCONSISTENT"
+        lines.append(
+            f"  groups       {g['reloadable']} reloadable, {g['aliases']} aliases in torch's "
+            f"maps, names {state}"
+        )
+    if fid.get("mode"):
+        m = fid["mode"]
+        lines.append(f"  mode         {m['mode']} ({bootstrap.MODE_ENV}={m['variable']!r})")
+        for backend, how in m["backends"].items():
+            lines.append(f"                 {backend}: {how}")
     if report.forwarding:
         fwd = report.forwarding
         lines.append(
