@@ -37,7 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--cycles", type=int, default=3, metavar="K", help="destroy/reload cycles (default 3)"
     )
-    demo.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    demo.add_argument("--backend", choices=("gloo", "nccl", "nccl2"), default="gloo")
+    demo.add_argument(
+        "--mode",
+        choices=("wrapper", "native", "auto"),
+        default="wrapper",
+        help="how groups reload: behind a wrapper, or in place (torch 2.14+; default wrapper)",
+    )
     demo.add_argument(
         "--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default: a free one)"
     )
@@ -85,6 +91,7 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             args.world_size,
             args.cycles,
             args.backend,
+            mode=args.mode,
             port=args.port,
             timeout=args.timeout,
             as_json=args.json,

@@ -23,6 +23,8 @@ def _count(n: int, noun: str) -> str:
 def _fmt_bindings(bindings: dict[str, int] | None) -> str:
     if not bindings or not bindings.get("found"):
         return "n/a (no megatron-core)"
+    if bindings.get("native"):
+        return f"none needed ({bindings['native']} stay torch's own: groups reload in place)"
     return f"{bindings['patched']}/{bindings['found']}"
 
 
@@ -47,7 +49,9 @@ class _Printer:
         row = {
             "groups": reports[0]["groups"],
             "collectives": sum(r["collectives"] for r in reports),
-            "bindings": min((r["bindings"] for r in reports), key=lambda b: b["patched"]),
+            "bindings": min(
+                (r["bindings"] for r in reports), key=lambda b: (b["patched"], -b.get("native", 0))
+            ),
         }
         if key == "ready":
             row.update(
@@ -96,6 +100,7 @@ def run_demo(
     world_size: int = 4,
     cycles: int = 3,
     backend: str = "gloo",
+    mode: str = "wrapper",
     *,
     port: int = 0,
     timeout: float = 120.0,
@@ -111,6 +116,7 @@ def run_demo(
     )
     env = dict(os.environ)
     env["SLIME_RELOADABLE_PG"] = "1"
+    env["SLIME_RELOADABLE_PG_MODE"] = mode
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     command = [sys.executable, "-m", "reloadpg_autopatch.tools.demo_rank"]
     command += ["--cycles", str(cycles), "--backend", backend]
@@ -129,6 +135,7 @@ def run_demo(
             "ok": ok,
             "world_size": world_size,
             "backend": backend,
+            "mode": mode,
             "megatron_core": (printer.ready or {}).get("megatron"),
             "setup": printer.ready,
             "cycles": printer.cycle_rows,

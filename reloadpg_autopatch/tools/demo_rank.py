@@ -160,6 +160,11 @@ def _bindings(use_megatron: bool) -> dict[str, int]:
         _FOUND.extend(find_bindings("megatron.core"))  # read the source once per rank
     result = check(_FOUND)
     group_taking = len(result["patched"]) + len(result["stale"]) + len(result["unimportable"])
+    from ..patching import state
+
+    if not state.current().complete:
+        # Native mode: every group is torch's own, so the bindings are right as torch's.
+        return {"found": group_taking, "patched": 0, "native": group_taking}
     if result["stale"]:
         names = ", ".join(f"{b.module}.{b.attribute}" for b in result["stale"])
         raise Mismatch(f"Megatron bindings still unpatched: {names}")
@@ -198,7 +203,7 @@ def run(args: Any) -> None:
     import torch
 
     device = torch.device("cpu")
-    if args.backend == "nccl":
+    if args.backend in ("nccl", "nccl2"):
         device = torch.device("cuda", args.rank % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
     launch.init_rank(args, backend=args.backend)
@@ -236,7 +241,10 @@ def run(args: Any) -> None:
         destroyed = time.perf_counter()
         free_destroyed = _free_mib(device)
         left = _pg_count()
-        if left != 1:
+        in_place = lifecycle.reloadable_groups() and all(
+            type(g) is torch.distributed.ProcessGroup for g in lifecycle.reloadable_groups()
+        )
+        if left != 1 and not in_place:  # in place, torch keeps its (shut down) groups
             raise Mismatch(f"after destroy torch still holds {left} groups, expected WORLD only")
         lifecycle.reload_process_groups()
         reloaded = time.perf_counter()
