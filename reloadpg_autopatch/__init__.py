@@ -23,6 +23,8 @@ _EXPORTS = {
     "set_wrap_policy": "groups.policy",
     "get_wrap_policy": "groups.policy",
     "GroupSpec": "groups.policy",
+    "set_reload_mode": "groups.mode",
+    "get_reload_mode": "groups.mode",
 }
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "__version__",
     "destroy_process_groups",
     "find_stale",
+    "get_reload_mode",
     "get_wrap_policy",
     "is_patched",
     "monkey_patch_torch_dist",
@@ -40,6 +43,7 @@ __all__ = [
     "register_default_process_group",
     "reload_process_groups",
     "reloadable_groups",
+    "set_reload_mode",
     "set_wrap_policy",
     "unwrap",
 ]

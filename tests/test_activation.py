@@ -177,19 +177,19 @@ def test_start_file_entry_point_resolves_and_activates(installed) -> None:
 
 def test_rebind_and_log_variables(installed, tmp_path) -> None:
     # Imported first, so it is half-imported when torch.distributed finishes and the patch
-    # runs: the public all_reduce it then binds is ours (distributed_c10d is patched), the
-    # private _coalescing_manager is torch's. Only the start-up watcher of the variable can
-    # rebind that one, when the module finishes: nothing here calls the patch.
+    # runs: the all_reduce it then binds is ours (distributed_c10d is patched), the one helper
+    # left torch's own there, _rank_not_in_group, is torch's. Only the start-up watcher of the
+    # variable can rebind that one, when the module finishes: nothing here calls the patch.
     (tmp_path / "myframework").mkdir()
     (tmp_path / "myframework" / "__init__.py").write_text(
-        "from torch.distributed.distributed_c10d import _coalescing_manager, all_reduce\n"
+        "from torch.distributed.distributed_c10d import _rank_not_in_group, all_reduce\n"
     )
     source = (
         "import json, sys\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "import myframework, torch.distributed as d\n"
         "print(json.dumps({'all_reduce': myframework.all_reduce is d.all_reduce, "
-        "'coalescing': myframework._coalescing_manager is d._coalescing_manager}))"
+        "'helper': myframework._rank_not_in_group is d._rank_not_in_group}))"
     )
     result = installed.script(
         source,
@@ -197,12 +197,12 @@ def test_rebind_and_log_variables(installed, tmp_path) -> None:
         SLIME_RELOADABLE_PG_REBIND="megatron,myframework",
         SLIME_RELOADABLE_PG_LOG="info",
     )
-    assert result == {"all_reduce": True, "coalescing": True, "_stderr": result["_stderr"]}
+    assert result == {"all_reduce": True, "helper": True, "_stderr": result["_stderr"]}
     assert "reloadpg_autopatch INFO: patched" in result["_stderr"]
     assert "reloadpg_autopatch INFO: rebound 1 stale reference" in result["_stderr"]
     unswept = installed.script(source, SLIME_RELOADABLE_PG="1")
     assert unswept["all_reduce"]
-    assert not unswept["coalescing"]  # the control: without the variable, it stays torch's
+    assert not unswept["helper"]  # the control: without the variable, it stays torch's
 
     bad = installed.script(
         "import json, torch.distributed as d; "

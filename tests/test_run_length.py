@@ -288,7 +288,15 @@ def _megatron_dropped(ctx: Rank, registered: bool) -> dict:
     del tp
     parallel_state.destroy_model_parallel()
     gc.collect()
-    report["still_held"] = _groups_held_by(parallel_state, dist.ProcessGroup)
+    # Held and not destroyed: Megatron destroys the gloo groups it finds in torch's pg_map
+    # (and forgets to reset one global of them), so ask torch which ones it still knows.
+    from torch.distributed import distributed_c10d as c10d
+
+    report["still_held"] = [
+        name
+        for name in _groups_held_by(parallel_state, dist.ProcessGroup)
+        if getattr(parallel_state, name) in c10d._world.pg_map
+    ]
     report["after"] = [cycle(), cycle()]
     report["keep_sum"] = _total(dist, keep, ctx.rank + 1)
     report["pg_count"] = _pg_count()

@@ -75,7 +75,11 @@ def in_place_refusal(group: Any) -> str | None:
             f"it has several backends ({', '.join(names)}), and torch reconfigures a group with "
             "one backend only"
         )
-    if not getattr(group, "supports_reconfigure", False):
+    try:
+        supported = bool(getattr(group, "supports_reconfigure", False))
+    except RuntimeError as error:  # torch refuses to answer for some groups
+        return str(error)
+    if not supported:
         name = next(iter(backends.values()), None)
         label = type(name).__name__ if name is not None else "its backend"
         return f"{label} does not support reconfigure (gloo and nccl2 do; nccl does not)"
