@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     rows += reload_rows
     released, raw["released"] = reload_cost.released_row(quick=args.quick)
     rows.append(released)
+    native_rows, raw["native"] = reload_cost.native_rows(quick=args.quick)
+    rows += native_rows
     raw["aliases"] = _child("benchmarks.aliases", "10" if args.quick else "30")
     rows += _alias_rows(raw["aliases"])
     elapsed = time.monotonic() - started

@@ -103,7 +103,16 @@ def main() -> int:
             variants[name]()
             elapsed = (time.perf_counter() - started) * 1e3
             launch.emit({"type": "time", "rep": rep, "variant": name, "ms": elapsed})
-    launch.emit({"type": "groups", "reloadable": groups, "calls": len(baseline), "held": len(held)})
+    launch.emit(
+        {
+            "type": "groups",
+            "reloadable": groups,
+            "calls": len(baseline),
+            "held": len(held),
+            "collectives_patched": hasattr(dist.all_reduce, "__reloadpg_autopatch__"),
+            "patched": reloadpg_autopatch.patched_names(),
+        }
+    )
     dist.destroy_process_group()
     return 0
 

@@ -5,6 +5,7 @@ A cycle ends when its slowest rank ends, so each repetition's time is the maximu
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,14 @@ from reloadpg_autopatch.tools import launch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _scenario(name: str, reps: int, world_size: int) -> dict[str, Any]:
+def _scenario(
+    name: str, reps: int, world_size: int, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks._reload_rank", "--scenario", name]
     command += ["--reps", str(reps)]
-    outcomes = launch.launch(command, world_size, timeout=600, cwd=str(ROOT))
+    outcomes = launch.launch(
+        command, world_size, timeout=600, cwd=str(ROOT), env={**os.environ, **(env or {})}
+    )
     times: dict[str, dict[int, float]] = {"torch": {}, "ours": {}}
     groups = {}
     for outcome in outcomes:
@@ -93,3 +98,49 @@ def released_row(quick: bool = False) -> tuple[Row, dict[str, Any]]:
         "created": {k: sorted(v) for k, v in created.items()},
     }
     return row, raw
+
+
+def native_rows(quick: bool = False) -> tuple[list[Row], dict[str, Any]]:
+    """Native mode (torch 2.14+): destroy+reload in place against the wrapper mode, and the
+    per-call cost, which is nil by construction: collectives are torch's own functions."""
+    import torch.distributed as dist
+
+    if not hasattr(dist.ProcessGroup, "reconfigure"):
+        return [], {"skipped": "this torch has no ProcessGroup.reconfigure"}
+    reps = 3 if quick else 5
+    raw = {
+        mode: _scenario("megatron", reps, 4, env={"SLIME_RELOADABLE_PG_MODE": mode})
+        for mode in ("wrapper", "native")
+    }
+    wrapper, native = raw["wrapper"]["ours"], raw["native"]["ours"]
+    ratio = native["median"] / wrapper["median"] - 1
+    probe = raw["native"]["groups"].get("collectives_patched")
+    rows = [
+        Row(
+            "native mode",
+            f"Megatron TP=2 group set, destroy+reload in place vs behind wrappers "
+            f"({raw['native']['groups'].get('reloadable')} groups/rank)",
+            f"native {native['median']:.0f} ms [{native['p25']:.0f}-{native['p75']:.0f}] vs "
+            f"wrapper {wrapper['median']:.0f} ms ({ratio:+.1%})",
+            "-",
+            None,
+        ),
+        Row(
+            "native mode",
+            "per-call overhead (all_reduce, get_world_size)",
+            "0 ns: torch's own functions"
+            if probe is False
+            else f"collectives patched: {probe} (a wrapper was needed)",
+            "0: no wrapper on the hot path",
+            probe is False,
+        ),
+        Row(
+            "native mode",
+            "still patched, and why",
+            ", ".join(raw["native"]["groups"].get("patched", []))
+            + ": they record creations and releases for reload",
+            "-",
+            None,
+        ),
+    ]
+    return rows, raw

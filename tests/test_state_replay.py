@@ -1,0 +1,66 @@
+"""State given to a group after its creation comes back with every reload (torch 2.14's API).
+
+``set_timeout`` (the c10d function and the method) and hooks registered with
+``register_pre_hook``/``register_post_hook`` live on the native group, which a reload replaces.
+The oracle is torch: the timeout its backend reports, and the calls its hooks receive.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from tests._ranks import Rank, run_ranks
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(
+        not hasattr(__import__("torch.distributed").distributed.ProcessGroup, "register_pre_hook"),
+        reason="this torch has no ProcessGroup hooks nor set_timeout (2.14+)",
+    ),
+]
+
+
+def _replayed(ctx: Rank) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+
+    ctx.init()
+    rpg.set_wrap_policy("all")
+    by_function = dist.new_group([0, 1])
+    by_method = dist.new_group([0, 1])
+    hooked = dist.new_group([0, 1])
+    dist.set_timeout(timedelta(seconds=5), group=by_function)
+    by_method.set_timeout(timedelta(seconds=7))
+    calls: list[str] = []
+    hooked.register_pre_hook(1, lambda args: calls.append("pre"))
+    hooked.register_post_hook(2, lambda args: calls.append("post"))
+    hooked.register_pre_hook(3, lambda args: calls.append("dropped"))
+    hooked.unregister_pre_hook(3)
+
+    def timeouts() -> list[float]:
+        cpu = torch.device("cpu")
+        return [
+            g.group._get_backend(cpu).options._timeout.total_seconds()
+            for g in (by_function, by_method)
+        ]
+
+    out = {"before": timeouts()}
+    for cycle in range(2):
+        rpg.destroy_process_groups()
+        rpg.reload_process_groups()
+        calls.clear()
+        dist.all_reduce(torch.ones(1), group=hooked)
+        out[f"cycle {cycle}"] = {"timeouts": timeouts(), "hooks": sorted(set(calls))}
+    return out
+
+
+def test_set_timeout_and_hooks_apply_to_the_reloaded_group() -> None:
+    for report in run_ranks(_replayed, 2, env={"SLIME_RELOADABLE_PG": "1"}):
+        assert report["before"] == [5.0, 7.0]
+        for cycle in ("cycle 0", "cycle 1"):
+            assert report[cycle]["timeouts"] == [5.0, 7.0]
+            assert report[cycle]["hooks"] == ["post", "pre"]  # and not the unregistered one
