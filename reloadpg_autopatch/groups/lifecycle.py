@@ -14,6 +14,7 @@ prefix of this generation (``names``), and gets back its timeout and hooks.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import time
 from typing import Any
@@ -188,23 +189,48 @@ def destroy_process_groups() -> None:
     )
 
 
-def _agree_on_needed(holder: state.ProcessState) -> set[str]:
-    """Names of the groups some rank still holds; every rank gets the same set."""
-    store = world.base_store()
+class Agreement:
+    """What every rank learns, before a reload creates anything, about every group."""
+
+    def __init__(self, payloads: list[dict[str, Any]]) -> None:
+        #: Groups some rank still holds: they are rebuilt, the others are forgotten.
+        self.needed = {name for p in payloads for name in p["held"]}
+        #: Groups reloaded in place: their non-members have nothing to create.
+        self.in_place = {name for p in payloads for name in p["in_place"]}
+        #: Groups reloaded in place that a member released: they cannot be rebuilt.
+        self.released_in_place = {name for p in payloads for name in p["released_in_place"]}
+        #: Whether some rank takes part in creating a group it released (and frees it after).
+        self.takes_part = any(p["takes_part"] for p in payloads)
+
+
+def _agree(holder: state.ProcessState) -> Agreement:
+    """Every rank publishes one entry in the store, then reads everyone's: one round trip.
+
+    Every rank gets the same answers, so every rank makes the same creations in the same
+    order, and skips the same ones.
+    """
+    held, in_place, released_in_place, takes_part = [], [], [], False
     for record in holder.records:
         _drop_if_abandoned(record)
         if record.member and record.state in (State.LIVE, State.DESTROYED):
-            store.set(holder.key("need", record.name), b"1")
-            if record.in_place:  # its non-members have nothing to create
-                store.set(holder.key("in-place", record.name), b"1")
-        elif record.in_place and record.state is State.RELEASED:
-            store.set(holder.key("released", record.name), b"1")
-    world.sync("reload")  # every rank has published what it holds
-    return {
-        record.name
-        for record in holder.records
-        if record.name is not None and store.check([holder.key("need", record.name)])
+            held.append(record.name)
+            if record.in_place:
+                in_place.append(record.name)
+        elif record.state is State.RELEASED and record.member:
+            takes_part = True
+            if record.in_place:
+                released_in_place.append(record.name)
+    mine = {
+        "held": held,
+        "in_place": in_place,
+        "released_in_place": released_in_place,
+        "takes_part": takes_part,
     }
+    store = world.base_store()
+    store.set(holder.key("agree", world.global_rank()), json.dumps(mine))
+    world.sync("reload")  # every rank has published
+    keys = [holder.key("agree", rank) for rank in range(world.world_size())]
+    return Agreement([json.loads(value) for value in store.multi_get(keys)])
 
 
 def _creation_call(record: Record) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -230,12 +256,8 @@ def _released_in_place(record: Record) -> RuntimeError:
     )
 
 
-def _peers_in_place(record: Record, holder: state.ProcessState) -> bool:
-    return world.base_store().check([holder.key("in-place", record.name)])
-
-
-def _rebuild_in_place(record: Record, holder: state.ProcessState) -> None:
-    if world.base_store().check([holder.key("released", record.name)]):
+def _rebuild_in_place(record: Record, agreed: Agreement) -> None:
+    if record.name in agreed.released_in_place:
         raise RuntimeError(
             f"group {record.name!r} cannot be rebuilt in place: a member released it with "
             "torch.distributed.destroy_process_group(); release it on every member"
@@ -259,7 +281,7 @@ def reload_process_groups() -> None:
         if not holder.asleep:
             return
         holder.generation += 1
-        needed = _agree_on_needed(holder)
+        agreed = _agree(holder)
         swapped = world.swap_in(_destroy_world)
         world.rebuild_in_place()
         rebuilt = 0
@@ -270,17 +292,17 @@ def reload_process_groups() -> None:
                     # Restoring WORLD tore down every group, also those made while it slept.
                     _unserve(record, destroy=False)
                     record.move(State.DESTROYED)
-                if record.name not in needed and record.state in (
+                if record.name not in agreed.needed and record.state in (
                     State.RELEASED,
                     State.NON_MEMBER,
                 ):
                     record.move(State.ENDED)
                 elif record.in_place and record.state is State.DESTROYED:
-                    _rebuild_in_place(record, holder)
+                    _rebuild_in_place(record, agreed)
                     rebuilt += 1
                 elif record.in_place and record.state is State.RELEASED:
                     raise _released_in_place(record)
-                elif record.state is State.NON_MEMBER and _peers_in_place(record, holder):
+                elif record.state is State.NON_MEMBER and record.name in agreed.in_place:
                     pass  # reconfigured by its members alone
                 elif record.state is State.DESTROYED:
                     native = _create_again(record)
@@ -292,11 +314,11 @@ def reload_process_groups() -> None:
                 elif record.state in (State.RELEASED, State.NON_MEMBER):
                     # A peer still holds it: take part in its creation, keep nothing.
                     taken_part.append(_create_again(record))
-        # gloo closes a group's sockets when it is destroyed: a peer still finishing its side
-        # of the handshake would see "Connection closed by peer". Every rank has finished every
-        # creation once all of them pass this point; no rank knows whether another one has
-        # groups to free, so all of them wait here.
-        world.sync("created")
+        if agreed.takes_part:
+            # gloo closes a group's sockets when it is destroyed: a peer still finishing its
+            # side of the handshake would see "Connection closed by peer". Every rank has
+            # finished every creation once all of them pass this point.
+            world.sync("created")
         for native in taken_part:
             if type(native) is _Native:
                 destroy_native(native)

@@ -183,6 +183,11 @@ def world_timeout() -> timedelta:
     return group_timeout(default) or c10d._get_default_timeout(str(c10d.get_backend()))
 
 
+def global_rank() -> int:
+    world = registration()
+    return world.rank if world is not None else dist.get_rank()
+
+
 def world_size() -> int:
     world = registration()
     return world.world_size if world is not None else dist.get_world_size()

@@ -21,10 +21,19 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..groups import lifecycle, state
+from ..groups import state
 from ..groups.reloadable import ReloadableProcessGroup
 from . import state as patch_state
 from .wrapgen import mark
+
+
+def _lifecycle() -> Any:
+    # Imported on the first creation or destroy, not when the patch is applied: the patch runs
+    # inside `import torch`, and the lifecycle's modules are not needed before a group exists.
+    from ..groups import lifecycle
+
+    return lifecycle
+
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -91,7 +100,7 @@ def make_new_group(
                     _step_back(outer, reason)
                     _complete(f"{_label(outer)} wraps groups")
                     return original(*args, **kwargs)
-        group = lifecycle.create(original, args, kwargs)
+        group = _lifecycle().create(original, args, kwargs)
         if type(group) is ReloadableProcessGroup:
             _complete("a group reloads behind a wrapper")
         return group
@@ -112,13 +121,13 @@ def make_destroy_process_group(original: Callable[..., Any]) -> Callable[..., An
             group = signature.bind(*args, **kwargs).arguments.get("group")
         except TypeError:
             return original(*args, **kwargs)  # raises torch's own error
-        if lifecycle.release(group):
+        if _lifecycle().release(group):
             return None
-        native = lifecycle.unwrap(group)
+        native = _lifecycle().unwrap(group)
         if native is not None and native is not dist.GroupMember.WORLD:
             return original(native)
         result = original(native)
-        lifecycle.end_world()
+        _lifecycle().end_world()
         return result
 
     return mark(destroy_process_group, original)

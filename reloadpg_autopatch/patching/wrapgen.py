@@ -133,12 +133,13 @@ def generate(
     }
     source = _source_for(name, signature, group_names, converters or {}, namespace)
     filename, line = _where(func)
-    # Compiled as if it stood where the original does: torch.compile decides whether to trace
-    # a function or to leave it to run eagerly by its file, and must decide for the wrapper
-    # what it decides for torch's own function; tracebacks and warnings point there too.
-    code = compile("\n" * (line - 1) + source, filename, "exec")
-    exec(code, namespace)  # noqa: S102
-    return mark(namespace[name], func)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+    wrapper = namespace[name]
+    # As if it stood where the original does: torch.compile decides whether to trace a
+    # function or to leave it to run eagerly by its file, and must decide for the wrapper what
+    # it decides for torch's own function; tracebacks and warnings point there too.
+    wrapper.__code__ = wrapper.__code__.replace(co_firstlineno=line)
+    return mark(wrapper, func)
 
 
 def _where(func: Callable[..., Any]) -> tuple[str, int]:
