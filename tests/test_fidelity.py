@@ -99,6 +99,18 @@ def _pair_groups(dist: Any, active: bool) -> dict[str, Any]:
     return groups
 
 
+def _pair_and_single(dist: Any, active: bool, rank: int) -> dict[str, tuple[Any, list[int]]]:
+    """A two-rank group and a one-rank group, reloadable with the gate on, with their members."""
+    if active:
+        import reloadpg_autopatch as rpg
+
+        rpg.set_wrap_policy("all")
+    pair = dist.new_group([0, 1])
+    single = [dist.new_group([0]), dist.new_group([1])][rank]
+    _reloadable(active, pair, single)
+    return {"pair": (pair, [0, 1]), "single": (single, [rank])}
+
+
 def _unwrap(group: Any) -> Any:
     """The native group inside ours (public API), to read torch's own state for it."""
     import reloadpg_autopatch as rpg
@@ -441,14 +453,7 @@ def _functional(ctx: Rank) -> None:
 
     dist, active = _start(ctx)
     rank = ctx.rank
-    if active:
-        import reloadpg_autopatch as rpg
-
-        rpg.set_wrap_policy("all")
-    pair = dist.new_group([0, 1])
-    single = [dist.new_group([0]), dist.new_group([1])][rank]
-    _reloadable(active, pair, single)
-    groups = {"pair": (pair, [0, 1]), "single": (single, [rank])}
+    groups = _pair_and_single(dist, active, rank)
     cached = {label: group.group_name for label, (group, _) in groups.items()}
     compiled = {}
     for label, (group, _) in groups.items():
@@ -499,14 +504,8 @@ def _c10d_lookups(ctx: Rank) -> None:
     torch_fn = {name: inspect.unwrap(getattr(c10d, name)) for name in names}
     # Bound by device_mesh when torch.distributed imported it, before any hook could fire.
     mesh_ranks = device_mesh_module.get_process_group_ranks
-    if active:
-        import reloadpg_autopatch as rpg
-
-        rpg.set_wrap_policy("all")
-    pair = dist.new_group([0, 1])
-    single = [dist.new_group([0]), dist.new_group([1])][rank]
-    _reloadable(active, pair, single)
-    groups = {"pair": (pair, [0, 1]), "single": (single, [rank])}
+    groups = _pair_and_single(dist, active, rank)
+    pair = groups["pair"][0]
     from tests import _late_c10d as late  # bound after start-up, from distributed_c10d
 
     try:
