@@ -1037,3 +1037,36 @@ def test_copy_and_deepcopy_of_a_reloadable_group_give_the_group_itself() -> None
     for seen in run_ranks(_copies, 2, env=ON, timeout=RANK_TIMEOUT):
         assert len(seen) == 4 * (CYCLES + 1)
         assert all(seen), seen
+
+
+def _compiled_after_a_late_patch(ctx: Rank) -> list[str]:
+    import torch
+    import torch._dynamo
+    import torch.distributed._functional_collectives  # Dynamo's table, built now
+
+    import reloadpg_autopatch as rpg
+
+    rpg.monkey_patch_torch_dist()  # late, as slime patches: the table holds torch's originals
+    rpg.set_wrap_policy("all")
+    ctx.init()
+    import torch.distributed as dist
+
+    problems = []
+    for label, group in {"world": None, "reloadable": dist.new_group([0, 1])}.items():
+        torch._dynamo.reset()
+        recorder = _Recorder()
+        function = torch.compile(
+            _cases(group, [0, 1], ctx.rank)["all_reduce"], backend=recorder, fullgraph=True
+        )
+        value = _run_compiled(function, ctx.rank)
+        want = _expect("all_reduce", ctx.rank, [0, 1])
+        if value != want or len(recorder.graphs) != 1 or not recorder.functional():
+            problems.append(f"{label}: {value}, graphs {recorder.graphs}")
+    return problems
+
+
+def test_compiled_collectives_after_a_late_patch() -> None:
+    """Patched after ``_functional_collectives`` was imported (gate off, an explicit call),
+    Dynamo's remap table was built from torch's originals: ``all_reduce`` must still compile
+    into one graph with a functional collective, on WORLD and on a reloadable group."""
+    _assert_no_problems(run_ranks(_compiled_after_a_late_patch, 2, env=OFF, timeout=RANK_TIMEOUT))

@@ -397,3 +397,21 @@ def test_edge_cases_of_the_lifecycle() -> None:
         assert report["direct_size_after_reload"] == 2
         assert report["released_via_native"] == "released"
         assert report["after_world_destroyed"] == [False, [], False]
+
+
+def _accelerator_policy(ctx: Rank) -> dict:
+    dist = ctx.patched("auto")
+
+    def creator(store, rank, size, timeout):  # gloo inside, registered like nccl: no CPU
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    dist.Backend.register_backend("cudaonlytest", creator, devices=["cuda"])
+    pair = dist.new_group([0, 1], backend="cudaonlytest")
+    singles = [dist.new_group([r], backend="cudaonlytest") for r in range(2)]
+    return {"pair": type(pair).__name__, "single": type(singles[ctx.rank]).__name__}
+
+
+def test_auto_policy_leaves_single_rank_accelerator_groups_native() -> None:
+    """slime's rule on a backend torch registers for no CPU device, as it registers nccl."""
+    for kinds in run_ranks(_accelerator_policy, 2):
+        assert kinds == {"pair": "ReloadableProcessGroup", "single": "ProcessGroup"}

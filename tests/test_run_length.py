@@ -678,3 +678,47 @@ def test_a_forked_child_leaves_the_parents_world_alone() -> None:
         assert report["child"] == "ok"
         assert report["group_sum"] == 3.0
         assert report["world_sum"] == 3.0
+
+
+def _world_replaced_behind_our_back(ctx: Rank) -> dict:
+    import inspect
+
+    import torch
+
+    import reloadpg_autopatch as rpg
+
+    dist = _start(ctx, registered=False)
+    old = dist.new_group([0, 1])
+    inspect.unwrap(dist.destroy_process_group)()  # torch's own, as a stale binding would call it
+    store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("replaced-world/", store),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=TIMEOUT,
+    )
+    spy = _NativeSpy()
+    new = dist.new_group([0, 1])
+    cycles = []
+    for _ in range(2):
+        rpg.destroy_process_groups()
+        cycle: dict[str, Any] = {"created": spy.during(rpg.reload_process_groups)}
+        cycle["new_sum"] = _total(dist, new, ctx.rank + 1)
+        try:
+            dist.all_reduce(torch.ones(1), group=old)
+            cycle["old"] = "no error"
+        except RuntimeError as error:
+            cycle["old"] = str(error)
+        cycles.append(cycle)
+    return {"cycles": cycles}
+
+
+def test_a_world_replaced_behind_our_back_ends_its_groups() -> None:
+    """torch's unpatched destroy tears WORLD down without telling us; the next world's reload
+    must rebuild only its own groups and the old ones must say their world is gone."""
+    for report in run_ranks(_world_replaced_behind_our_back, 2, timeout=120):
+        for cycle in report["cycles"]:
+            assert cycle["created"] == 1
+            assert cycle["new_sum"] == 3.0
+            assert _says_world_destroyed(cycle["old"]), cycle["old"]

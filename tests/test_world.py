@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -132,3 +133,39 @@ def test_accelerator_backends_come_from_torchs_registrations() -> None:
         "cputest": False,
         "cpu:gloo,cuda:nccl": True,
     }
+
+
+def _peer_never_reloads(ctx: Rank) -> Any:
+    import time
+
+    import reloadpg_autopatch as rpg
+
+    dist = ctx.patched()
+    dist.destroy_process_group()
+    store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("short/", store),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=timedelta(seconds=3),
+    )
+    rpg.register_default_process_group()  # no timeout given: WORLD's own 3 s, not torch's 30 min
+    dist.new_group([0, 1])
+    rpg.destroy_process_groups()
+    if ctx.rank == 1:
+        return None  # the peer never reaches reload
+    started = time.monotonic()
+    try:
+        rpg.reload_process_groups()
+    except RuntimeError as error:
+        return type(error).__name__, time.monotonic() - started
+    return "reloaded without its peer", time.monotonic() - started
+
+
+def test_ranks_wait_for_each_other_up_to_worlds_own_timeout() -> None:
+    """Registered without a timeout, WORLD keeps the one it has: a reload whose peer never
+    comes fails after WORLD's 3 s (torch's store says so), not after torch's default 30 min."""
+    error, waited = run_ranks(_peer_never_reloads, 2, timeout=40)[0]
+    assert error == "DistStoreError"
+    assert 2.5 <= waited < 20, waited
