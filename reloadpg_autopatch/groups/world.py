@@ -125,7 +125,9 @@ def register_default_process_group(
     holder = state.current()
     holder.world = Registration(
         backend=backend,
-        timeout=timeout or group_timeout(default_group) or c10d._get_default_timeout(backend),
+        timeout=timeout
+        if timeout is not None
+        else group_timeout(default_group) or c10d._get_default_timeout(backend),
         store=c10d._get_default_store(),
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
