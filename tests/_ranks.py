@@ -48,6 +48,35 @@ class Rank:
 
         init_rank(self, backend=backend, timeout=timeout)
 
+    def reinit(self, prefix: str, timeout: Any, store_timeout: Any = None) -> None:
+        """Start a second gloo WORLD on the launcher's store, under a key prefix of its own.
+
+        For tests where the program (or torch behind our back) ended the first WORLD.
+        """
+        import torch.distributed as dist
+
+        extra = {} if store_timeout is None else {"timeout": store_timeout}
+        store = dist.TCPStore(self.host, self.port, self.world_size, is_master=False, **extra)
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(prefix, store),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timeout,
+        )
+
+
+def errors_of(calls: dict[str, Callable[[], Any]]) -> dict[str, str]:
+    """Run each call; map its label to the RuntimeError's text, or "no error"."""
+    errors = {}
+    for label, call in calls.items():
+        try:
+            call()
+            errors[label] = "no error"
+        except RuntimeError as error:
+            errors[label] = str(error)
+    return errors
+
 
 @contextlib.contextmanager
 def environment(env: dict[str, str | None] | None) -> Iterator[None]:

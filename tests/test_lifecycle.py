@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests._ranks import Rank, run_ranks
+from tests._ranks import Rank, errors_of, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -162,22 +162,18 @@ def _destroyed_use(ctx: Rank) -> dict:
     dist = ctx.patched()
     group = dist.new_group([0, 1])
     reloadpg_autopatch.destroy_process_groups()
-    errors = {}
     started = time.monotonic()
-    for label, call in {
-        "all_reduce": lambda: dist.all_reduce(torch.ones(1), group=group),
-        "get_rank": lambda: dist.get_rank(group),
-        "method": lambda: group.allreduce([torch.ones(1)]),
-        "property": lambda: group.group_name,
-        "unpatched": lambda: reloadpg_autopatch._originals.original("all_reduce")(
-            torch.ones(1), group=group
-        ),
-    }.items():
-        try:
-            call()
-            errors[label] = "no error"
-        except RuntimeError as error:
-            errors[label] = str(error)
+    errors = errors_of(
+        {
+            "all_reduce": lambda: dist.all_reduce(torch.ones(1), group=group),
+            "get_rank": lambda: dist.get_rank(group),
+            "method": lambda: group.allreduce([torch.ones(1)]),
+            "property": lambda: group.group_name,
+            "unpatched": lambda: reloadpg_autopatch._originals.original("all_reduce")(
+                torch.ones(1), group=group
+            ),
+        }
+    )
     elapsed = time.monotonic() - started
     reloadpg_autopatch.reload_process_groups()
     t = torch.ones(1)

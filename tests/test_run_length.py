@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests._ranks import Rank, run_ranks
+from tests._ranks import Rank, errors_of, run_ranks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -377,34 +377,22 @@ def _teardown(ctx: Rank, registered: bool) -> dict:
     report: dict[str, Any] = {"old_sum": _total(dist, old, ctx.rank + 1)}
 
     dist.destroy_process_group()  # the program ends its world itself
-    store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore("second-world/", store),
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        timeout=TIMEOUT,
-    )
+    ctx.reinit("second-world/", TIMEOUT, store_timeout=TIMEOUT)
     if registered:
         rpg.register_default_process_group(TIMEOUT, accelerator_backends=("gloo",))
     spy = _NativeSpy()
     new = dist.new_group([0, 1])
 
     def old_errors() -> dict:
-        errors = {}
-        for label, call in {
-            "all_reduce": lambda: dist.all_reduce(torch.ones(1), group=old),
-            "get_world_size": lambda: dist.get_world_size(old),
-            "method": old.rank,
-            "property": lambda: old.group_name,
-            "single": lambda: dist.all_reduce(torch.ones(1), group=old_single),
-        }.items():
-            try:
-                call()
-                errors[label] = "no error"
-            except RuntimeError as error:
-                errors[label] = str(error)
-        return errors
+        return errors_of(
+            {
+                "all_reduce": lambda: dist.all_reduce(torch.ones(1), group=old),
+                "get_world_size": lambda: dist.get_world_size(old),
+                "method": old.rank,
+                "property": lambda: old.group_name,
+                "single": lambda: dist.all_reduce(torch.ones(1), group=old_single),
+            }
+        )
 
     report["right_after_init"] = old_errors()
     cycles = []
@@ -690,14 +678,7 @@ def _world_replaced_behind_our_back(ctx: Rank) -> dict:
     dist = _start(ctx, registered=False)
     old = dist.new_group([0, 1])
     inspect.unwrap(dist.destroy_process_group)()  # torch's own, as a stale binding would call it
-    store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore("replaced-world/", store),
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        timeout=TIMEOUT,
-    )
+    ctx.reinit("replaced-world/", TIMEOUT, store_timeout=TIMEOUT)
     spy = _NativeSpy()
     new = dist.new_group([0, 1])
     cycles = []

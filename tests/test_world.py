@@ -33,14 +33,7 @@ def _swap(ctx: Rank) -> dict:
     init_rank(ctx, timeout=30.0)
     # WORLD with a timeout of its own, then registered without one: it must keep 77 minutes.
     dist.destroy_process_group()
-    store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore("again/", store),
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        timeout=MINUTES_77,
-    )
+    ctx.reinit("again/", MINUTES_77)
     calls = []
     real_init = dist.init_process_group
 
@@ -142,14 +135,7 @@ def _peer_never_reloads(ctx: Rank) -> Any:
 
     dist = ctx.patched()
     dist.destroy_process_group()
-    store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore("short/", store),
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        timeout=timedelta(seconds=3),
-    )
+    ctx.reinit("short/", timedelta(seconds=3))
     rpg.register_default_process_group()  # no timeout given: WORLD's own 3 s, not torch's 30 min
     dist.new_group([0, 1])
     rpg.destroy_process_groups()
