@@ -618,11 +618,15 @@ def _late_rebind(ctx: Rank) -> dict[str, Any]:
     return out
 
 
-def test_rebind_sweeps_a_module_under_the_prefixes_when_it_finishes_importing() -> None:
+@pytest.mark.parametrize("prefixes", ["tests._late_rebind", " megatron , tests._late_rebind ,"])
+def test_rebind_sweeps_a_module_under_the_prefixes_when_it_finishes_importing(
+    prefixes: str,
+) -> None:
     """``SLIME_RELOADABLE_PG_REBIND`` names module prefixes to sweep; a module under them that
     is imported after start-up and holds torch's original must be swept when it finishes
-    importing, so its calls reach reloadable groups through the wrapper."""
-    env = {**ON, "SLIME_RELOADABLE_PG_REBIND": "tests._late_rebind"}
+    importing, so its calls reach reloadable groups through the wrapper. Any spelling the sweep
+    accepts (spaces, a trailing comma) counts the same at start-up."""
+    env = {**ON, "SLIME_RELOADABLE_PG_REBIND": prefixes}
     for report in run_ranks(_late_rebind, 2, env=env, timeout=RANK_TIMEOUT):
         assert report["rebound"], "tests._late_rebind.all_reduce is still torch's original"
         assert report["sums"] == [3.0] * (CYCLES + 1)

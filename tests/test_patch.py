@@ -162,7 +162,7 @@ def test_wrap_policy_rejects_unknown_values() -> None:
 
 
 def test_rebind_prefixes_are_validated() -> None:
-    from reloadpg_autopatch.patching.sweep import parse_prefixes
+    from reloadpg_autopatch._startup.prefixes import parse_prefixes
 
     assert parse_prefixes(None) == ("megatron",)
     assert parse_prefixes(" megatron , my_pkg.sub ") == ("megatron", "my_pkg.sub")

@@ -126,7 +126,7 @@ def patch_now() -> bool:
 
 
 def _valid_rebind_prefixes() -> str | None:
-    from ..patching.sweep import parse_prefixes
+    from .prefixes import parse_prefixes
 
     prefixes = rebind_prefixes()
     try:
@@ -162,11 +162,14 @@ def _watch_rebind_prefixes() -> None:
     raw = rebind_prefixes()
     if raw is None:
         return
-    items = tuple(p.strip() for p in raw.split(","))
-    if "*" in items or not all(
-        p and all(part.isidentifier() for part in p.split(".")) for p in items
-    ):
-        return  # '*' is swept by the patch itself; a bad value is reported when it patches
+    from .prefixes import parse_prefixes
+
+    try:
+        items = parse_prefixes(raw)
+    except ValueError:
+        return  # reported when it patches, which then sweeps the default prefixes
+    if "*" in items:
+        return  # swept by the patch itself: every module is already loaded or is torch's
     from . import hook
 
     hook.watch(items, _rebind_on_import)

@@ -16,11 +16,10 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from .._startup.prefixes import parse_prefixes
 from . import state
 
 logger = logging.getLogger("reloadpg_autopatch")
-
-DEFAULT_PREFIXES: tuple[str, ...] = ("megatron",)
 _NEVER = ("torch", "reloadpg_autopatch")
 
 
@@ -30,32 +29,6 @@ class Rebinding(NamedTuple):
     module: str
     attribute: str
     function: Callable[..., Any]
-
-
-def parse_prefixes(prefixes: str | Iterable[str] | None) -> tuple[str, ...]:
-    """Normalise a prefix spec: None (the default), ``"*"``, ``"a,b"`` or an iterable of names."""
-    if prefixes is None:
-        return DEFAULT_PREFIXES
-    items = prefixes.split(",") if isinstance(prefixes, str) else list(prefixes)
-    out = []
-    for raw in items:
-        if not isinstance(raw, str):
-            raise TypeError(
-                "rebind prefixes must be module names (str), '*' or a comma-separated "
-                f"string; got {raw!r}"
-            )
-        item = raw.strip()
-        if not item:
-            continue
-        if item != "*" and not all(part.isidentifier() for part in item.split(".")):
-            raise ValueError(
-                f"rebind prefix {item!r} is not a module name; use dotted names like "
-                "'megatron' or 'megatron.core', or '*' for every module"
-            )
-        out.append(item)
-    if not out:
-        raise ValueError("rebind prefixes are empty; use module names such as 'megatron', or '*'")
-    return tuple(out)
 
 
 def _matcher(prefixes: tuple[str, ...]) -> Callable[[str], bool]:

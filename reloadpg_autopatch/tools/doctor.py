@@ -124,7 +124,7 @@ def _check_gate(report: Report) -> None:
             f"{', '.join(bootstrap.LOG_LEVELS)}"
         )
     if rebind and rebind.strip():
-        from ..patching.sweep import parse_prefixes
+        from .._startup.prefixes import parse_prefixes
 
         try:
             parse_prefixes(rebind)
