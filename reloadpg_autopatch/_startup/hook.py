@@ -2,11 +2,12 @@
 
 Installed at start-up, it must cost nothing until that module is imported: its ``find_spec``
 returns after a string comparison for every other name, and this file imports nothing beyond
-the builtin ``_thread``. It finds the real spec by asking the other finders on ``sys.meta_path``
-directly (editable-install finders, the path finder with its zipimport and namespace-package
-support all keep working), never through ``importlib.util.find_spec``, which would re-enter the
-import system. The loader is proxied only for the duration of ``exec_module``; the module's
-``__loader__`` and ``__spec__.loader`` are restored before the callback runs, outside our lock.
+``os`` and ``sys`` (which site has loaded) and the builtin ``_thread``. It finds the real spec
+by asking the other finders on ``sys.meta_path`` directly (editable-install finders, the path
+finder with its zipimport and namespace-package support all keep working), never through
+``importlib.util.find_spec``, which would re-enter the import system. The loader is proxied
+only for the duration of ``exec_module``; the module's ``__loader__`` and ``__spec__.loader``
+are restored before the callback runs, outside our lock.
 
 The callback (the patch) is built from this package's own modules, so it cannot run while one
 of them is half-imported: that happens when *our* module is the first to import torch. With

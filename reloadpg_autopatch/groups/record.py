@@ -93,8 +93,8 @@ class Record:
         #: The timeout the native group had when it was destroyed (``set_timeout`` included).
         self.timeout: Any = None
         #: Hooks registered on the group after creation, replayed on every new native group:
-        #: ``(method name, args)`` in registration order.
-        self.hooks: list[tuple[str, tuple[Any, ...]]] = []
+        #: ``(method name, args, kwargs)`` in registration order.
+        self.hooks: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     def move(self, to: State) -> None:
         """Change state; a move ``TRANSITIONS`` does not list raises ``TransitionError``."""

@@ -109,18 +109,17 @@ def generate(
     native_type: type,
     unwrap: Callable[[Any], Any],
     fast_type: type | None = None,
-    name: str | None = None,
 ) -> Callable[..., Any]:
     """Return a wrapper of ``func`` with its exact signature that converts some arguments.
 
     ``group_names`` are unwrapped with ``unwrap`` unless they are ``None`` or exactly
-    ``native_type`` (the hot path: one identity test); an exact ``fast_type`` instance whose
+    ``native_type`` (the hot path: one identity test); an instance of ``fast_type`` whose
     ``.group`` is set is unwrapped inline. ``converters`` map other parameter names
     to a function applied unconditionally. ``target`` is what the wrapper calls (default
     ``func``); ``__wrapped__`` is always ``func``.
     """
     signature = signature if signature is not None else inspect.signature(func)
-    name = name or func.__name__
+    name = func.__name__
     if not name.isidentifier() or keyword.iskeyword(name):
         name = "wrapper"
     namespace: dict[str, Any] = {

@@ -66,7 +66,7 @@ def _megatron_groups(world_size: int) -> _Groups:
     )
 
 
-def _plain_groups(rank: int, world_size: int) -> _Groups:
+def _plain_groups(world_size: int) -> _Groups:
     import torch.distributed as dist
 
     tp_size = 2 if world_size % 2 == 0 else 1
@@ -213,11 +213,7 @@ def run(args: Any) -> None:
 
     # On gloo, treat gloo as the accelerator so that WORLD takes part in every cycle too.
     world.register_default_process_group(accelerator_backends=(args.backend,))
-    groups = (
-        _megatron_groups(args.world_size)
-        if use_megatron
-        else _plain_groups(args.rank, args.world_size)
-    )
+    groups = _megatron_groups(args.world_size) if use_megatron else _plain_groups(args.world_size)
     fns = _bound_functions(use_megatron)
     bindings = _bindings(use_megatron)
     reloadable = len(lifecycle.reloadable_groups())

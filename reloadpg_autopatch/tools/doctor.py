@@ -337,10 +337,6 @@ def diagnose(imports: list[str] | None = None) -> Report:
     return report
 
 
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
-
-
 def render(report: Report) -> str:
     """The human-readable report."""
     lines = [f"reloadpg_autopatch {report.version} doctor"]
