@@ -162,6 +162,7 @@ def _destroyed_use(ctx: Rank) -> dict:
     dist = ctx.patched()
     group = dist.new_group([0, 1])
     reloadpg_autopatch.destroy_process_groups()
+    flags = [group.is_destroyed]
     started = time.monotonic()
     errors = errors_of(
         {
@@ -178,7 +179,15 @@ def _destroyed_use(ctx: Rank) -> dict:
     reloadpg_autopatch.reload_process_groups()
     t = torch.ones(1)
     dist.all_reduce(t, group=group)
-    return {"errors": errors, "elapsed": elapsed, "after_reload": t.item(), "repr": repr(group)}
+    flags.append(group.is_destroyed)
+    return {
+        "errors": errors,
+        "elapsed": elapsed,
+        "after_reload": t.item(),
+        "repr": repr(group),
+        "is_destroyed": flags,
+        "group_info_ranks": group.group_info["ranks"],
+    }
 
 
 def test_using_a_destroyed_group_raises_a_clear_error_at_once() -> None:
@@ -189,6 +198,8 @@ def test_using_a_destroyed_group_raises_a_clear_error_at_once() -> None:
             assert "reload_process_groups()" in message
         assert report["after_reload"] == 2.0
         assert "live" in report["repr"]
+        assert report["is_destroyed"] == [True, False]  # slime's property, both ways
+        assert report["group_info_ranks"] == [0, 1]
 
 
 def _dropped_and_released(ctx: Rank) -> dict:
