@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from ._startup.bootstrap import MODES
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -40,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--backend", choices=("gloo", "nccl", "nccl2"), default="gloo")
     demo.add_argument(
         "--mode",
-        choices=("wrapper", "native", "auto"),
+        choices=MODES,
         default="wrapper",
         help="how groups reload: behind a wrapper, or in place (torch 2.14+; default wrapper)",
     )

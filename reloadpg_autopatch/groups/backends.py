@@ -9,6 +9,9 @@ no list of names to keep up to date.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch.distributed as dist
 
 
@@ -31,3 +34,13 @@ def serves_only_accelerators(name: str) -> bool:
 def holds_accelerator_memory(backend: object) -> bool:
     """Whether a backend in ``backend`` (``"nccl"``, ``"cpu:gloo,cuda:nccl"``) needs no CPU."""
     return any(serves_only_accelerators(name) for name in component_names(backend))
+
+
+def device_backends(group: Any) -> Iterator[tuple[Any, Any]]:
+    """``(device, backend)`` for each device type of a native group that has a backend now."""
+    for device in getattr(group, "_device_types", ()):
+        try:
+            backend = group._get_backend(device)
+        except RuntimeError:  # torch has no backend for that device (yet, or any more)
+            continue
+        yield device, backend

@@ -13,6 +13,7 @@ prefix of this generation (``names``), and gets back its timeout and hooks.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -43,6 +44,7 @@ __all__ = [
 _Native = dist.ProcessGroup
 
 
+@functools.cache
 def _new_group_signature() -> inspect.Signature:
     return inspect.signature(original("new_group"))
 

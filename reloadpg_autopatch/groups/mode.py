@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-logger = logging.getLogger("reloadpg_autopatch")
+from .._startup.bootstrap import MODE_ENV, MODES
+from .backends import device_backends
 
-MODE_ENV = "SLIME_RELOADABLE_PG_MODE"
-MODES = ("wrapper", "native", "auto")
+logger = logging.getLogger("reloadpg_autopatch")
 
 _mode: str | None = None
 
@@ -62,13 +62,7 @@ def in_place_refusal(group: Any) -> str | None:
     """Why ``group`` cannot be reloaded in place, or None when it can."""
     if not torch_can_reconfigure():
         return f"torch {torch.__version__} has no ProcessGroup.reconfigure (torch 2.14 and later)"
-    backends = {}
-    for device in getattr(group, "_device_types", ()):
-        try:
-            backend = group._get_backend(device)
-        except RuntimeError:
-            continue
-        backends[id(backend)] = backend
+    backends = {id(backend): backend for _device, backend in device_backends(group)}
     if len(backends) > 1:
         names = sorted({type(b).__name__ for b in backends.values()})
         return (

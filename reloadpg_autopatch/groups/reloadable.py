@@ -223,8 +223,10 @@ def _recording_method(name: str, base: Any, unregisters: str | None) -> Any:
         if unregisters is None:
             hooks.append((name, args, kwargs))
         else:  # unregister_X_hook(hook_id): forget the registrations under that id
-            hook_id = args[0] if args else kwargs.get("hook_id")
-            hooks[:] = [h for h in hooks if not (h[0] == unregisters and _hook_id(h) == hook_id)]
+            hook_id = _hook_id(args, kwargs)
+            hooks[:] = [
+                h for h in hooks if not (h[0] == unregisters and _hook_id(*h[1:]) == hook_id)
+            ]
         return result
 
     method.__name__ = name
@@ -233,8 +235,8 @@ def _recording_method(name: str, base: Any, unregisters: str | None) -> Any:
     return method
 
 
-def _hook_id(registration: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Any:
-    _, args, kwargs = registration
+def _hook_id(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The id a hook was registered under, or is unregistered by: the first argument."""
     return args[0] if args else kwargs.get("hook_id")
 
 

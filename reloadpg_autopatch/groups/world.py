@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from . import aliases, inplace, mode, names, state
-from .backends import component_names, holds_accelerator_memory
+from .backends import component_names, device_backends, holds_accelerator_memory
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
 
@@ -49,26 +49,29 @@ class Registration:
 
 def group_timeout(group: Any) -> timedelta | None:
     """The timeout a native group runs with now (``set_timeout`` included), if torch says."""
-    for device in getattr(group, "_device_types", ()):
-        try:
-            backend = group._get_backend(device)
-        except RuntimeError:
-            continue
+    for _device, backend in device_backends(group):
         timeout = getattr(getattr(backend, "options", None), "_timeout", None)
         if isinstance(timeout, timedelta):
             return timeout
     return None
 
 
+def _timeout_or_default(group: Any, backend: str) -> timedelta:
+    """The group's timeout, or torch's default for its backend when torch does not say."""
+    return group_timeout(group) or c10d._get_default_timeout(backend)
+
+
+def _refresh_timeout(world: Registration) -> None:
+    """Keep the timeout WORLD runs with now (``set_timeout`` included) for its next rebuild."""
+    world.timeout = group_timeout(c10d._get_default_group()) or world.timeout
+
+
 def _accelerator_options(group: Any, backend: str) -> Any:
     """The options object of WORLD's accelerator backend (NCCL's), to rebuild it with."""
-    for device in getattr(group, "_device_types", ()):
+    for device, native_backend in device_backends(group):
         if device.type == "cpu":
             continue
-        try:
-            options = getattr(group._get_backend(device), "options", None)
-        except RuntimeError:
-            continue
+        options = getattr(native_backend, "options", None)
         if options is not None and holds_accelerator_memory(backend):
             return options
     return None
@@ -125,9 +128,7 @@ def register_default_process_group(
     holder = state.current()
     holder.world = Registration(
         backend=backend,
-        timeout=timeout
-        if timeout is not None
-        else group_timeout(default_group) or c10d._get_default_timeout(backend),
+        timeout=timeout if timeout is not None else _timeout_or_default(default_group, backend),
         store=c10d._get_default_store(),
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -181,8 +182,7 @@ def world_timeout() -> timedelta:
     world = registration()
     if world is not None:
         return world.timeout
-    default = c10d._get_default_group()
-    return group_timeout(default) or c10d._get_default_timeout(str(c10d.get_backend()))
+    return _timeout_or_default(c10d._get_default_group(), str(c10d.get_backend()))
 
 
 def global_rank() -> int:
@@ -252,7 +252,7 @@ def swap_out(destroy_all: Callable[[], None]) -> None:
     """Replace the accelerator WORLD with the temporary one (callers check ``needs_swap``)."""
     world = registration()
     assert world is not None
-    world.timeout = group_timeout(c10d._get_default_group()) or world.timeout
+    _refresh_timeout(world)
     _init_world(world, world.temporary_backend, destroy_all)
     world.swapped = True
     logger.info(
@@ -275,7 +275,7 @@ def release_in_place() -> None:
     """Free WORLD's communicator in place (native mode); the object stays the default group."""
     world = registration()
     if world is not None and world.in_place:
-        world.timeout = group_timeout(c10d._get_default_group()) or world.timeout
+        _refresh_timeout(world)
         inplace.release(c10d._get_default_group())
 
 
