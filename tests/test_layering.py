@@ -1,6 +1,13 @@
-"""Foreign wrappers and a second patch layered on top of ours (slime's actor does that)."""
+"""Layers: a second patch layered on top of ours (slime's actor does that), and our own layers'
+imports, which run one way, with the environment's vocabulary in a bottom module below them all.
+"""
 
 from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +92,75 @@ def test_outermost_patch_wraps_and_both_layers_keep_working() -> None:
         assert report["ours_alive_while_theirs_sleep"] == 3.0
         assert report["after_both_reloaded"] == [3.0, 3.0, "ProcessGroup"]
         assert report["is_slime_class"]
+
+
+# ---- the import layering ---------------------------------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parent.parent / "reloadpg_autopatch"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Absolute names of the modules a file imports at run time (``if TYPE_CHECKING:`` aside)."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for_type_checkers = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            for_type_checkers.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in for_type_checkers:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if node.module is None or node.level:
+                # "from .. import x" may import the submodule x: count both spellings
+                found.update(f"{name}.{alias.name}" for alias in node.names)
+            found.add(name)
+    return found
+
+
+@pytest.mark.parametrize("layer", ["patching", "groups"])
+def test_no_module_below_the_start_up_layer_imports_from_it(layer: str) -> None:
+    offenders = {
+        path.name: sorted(
+            m for m in _imported_modules(path) if m.startswith(f"{PACKAGE.name}._startup")
+        )
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+    }
+    assert {name: mods for name, mods in offenders.items() if mods} == {}
+
+
+def test_the_environment_module_imports_only_os() -> None:
+    assert _imported_modules(PACKAGE / "_env.py") <= {"os"}
+    # And at run time, in an interpreter that has loaded nothing but the essentials (-S -I).
+    source = (
+        "import sys; before = set(sys.modules); import reloadpg_autopatch._env; "
+        "print(sorted(set(sys.modules) - before))"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-I",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); {source}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(ast.literal_eval(proc.stdout.strip()))
+    assert loaded - {"os", "reloadpg_autopatch", "reloadpg_autopatch._env"} == set(), loaded

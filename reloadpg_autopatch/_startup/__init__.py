@@ -1,1 +1,1 @@
-"""Start-up: the gate, the import hook and the site files. Imports ``os`` and ``sys`` only."""
+"""Start-up: the gate, the import hook and the site files. Imports ``os``, ``sys`` and ``_env``."""

@@ -2,22 +2,26 @@
 
 This module is imported by the ``.pth`` line (and called through the PEP 829 ``.start`` entry
 point) in every Python process of an image where the gate is on, so it imports only ``os`` and
-``sys``, which site has already loaded. Logging, the hook's callback and everything that touches
-torch wait until ``torch.distributed`` is imported, when torch has loaded them anyway.
+``sys``, which site has already loaded, and ``_env``, which imports nothing. Logging, the hook's
+callback and everything that touches torch wait until ``torch.distributed`` is imported, when
+torch has loaded them anyway.
 """
 
 import os
 import sys
 
-GATE = "SLIME_RELOADABLE_PG"
-REBIND_ENV = "SLIME_RELOADABLE_PG_REBIND"
-LOG_ENV = "SLIME_RELOADABLE_PG_LOG"
-MODE_ENV = "SLIME_RELOADABLE_PG_MODE"
-
-ON_VALUES = ("1", "true", "yes", "on")
-OFF_VALUES = ("", "0", "false", "no", "off")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-MODES = ("wrapper", "native", "auto")
+from .._env import (
+    GATE,
+    LOG_ENV,
+    LOG_LEVELS,
+    MODE_ENV,
+    MODES,
+    OFF_VALUES,
+    ON_VALUES,
+    REBIND_ENV,
+    excerpt,
+    parse_prefixes,
+)
 
 #: The top-level package: every module of it counts for deferring the patch.
 _PACKAGE = __name__.split(".", 1)[0]
@@ -45,26 +49,31 @@ def gate_verdict(value: str | None) -> tuple[bool, str | None]:
         return True, None
     if normalised in OFF_VALUES:
         return False, None
-    accepted = ", ".join(ON_VALUES)
+    on, off = ", ".join(ON_VALUES), ", ".join(OFF_VALUES[1:])
     return False, (
-        f"{GATE}={value!r} is not understood, so the patch stays off; use one of {accepted} "
-        f"to activate, or unset, empty, {', '.join(OFF_VALUES[1:])} to leave torch untouched"
+        f"{GATE}={excerpt(value)} is not understood, so the patch stays off; use one of {on} "
+        f"to activate, or unset, empty, {off} to leave torch untouched"
+    )
+
+
+def log_level_problem() -> str | None:
+    """What is wrong with ``SLIME_RELOADABLE_PG_LOG``, if anything (unset is fine)."""
+    raw = os.environ.get(LOG_ENV, "").strip()
+    if not raw or raw.upper() in LOG_LEVELS:
+        return None
+    return (
+        f"{LOG_ENV}={excerpt(raw)} is not a log level; use one of {', '.join(LOG_LEVELS)} "
+        "(logging stays at its default)"
     )
 
 
 def log_level() -> str | None:
     """The level named by ``SLIME_RELOADABLE_PG_LOG`` (None when unset or invalid)."""
-    raw = os.environ.get(LOG_ENV, "").strip()
-    if not raw:
+    problem = log_level_problem()
+    if problem is not None:
+        warn_once("log", problem)
         return None
-    if raw.upper() in LOG_LEVELS:
-        return raw.upper()
-    warn_once(
-        "log",
-        f"{LOG_ENV}={raw!r} is not a log level; use one of {', '.join(LOG_LEVELS)} "
-        "(logging stays at its default)",
-    )
-    return None
+    return os.environ.get(LOG_ENV, "").strip().upper() or None
 
 
 def reload_mode_problem() -> str | None:
@@ -72,7 +81,9 @@ def reload_mode_problem() -> str | None:
     raw = os.environ.get(MODE_ENV, "").strip()
     if not raw or raw.lower() in MODES:
         return None
-    return f"{MODE_ENV}={raw!r} is not a mode; use one of {', '.join(MODES)} (wrapper is used)"
+    return (
+        f"{MODE_ENV}={excerpt(raw)} is not a mode; use one of {', '.join(MODES)} (wrapper is used)"
+    )
 
 
 def rebind_prefixes() -> str | None:
@@ -126,8 +137,6 @@ def patch_now() -> bool:
 
 
 def _valid_rebind_prefixes() -> str | None:
-    from .prefixes import parse_prefixes
-
     prefixes = rebind_prefixes()
     try:
         parse_prefixes(prefixes)
@@ -162,8 +171,6 @@ def _watch_rebind_prefixes() -> None:
     raw = rebind_prefixes()
     if raw is None:
         return
-    from .prefixes import parse_prefixes
-
     try:
         items = parse_prefixes(raw)
     except ValueError:

@@ -16,7 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .bootstrap import GATE, OFF_VALUES
+from .._env import GATE, OFF_VALUES
 
 PTH_NAME = "reloadpg_autopatch.pth"
 START_NAME = "reloadpg_autopatch.start"

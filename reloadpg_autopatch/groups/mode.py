@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._startup.bootstrap import MODE_ENV, MODES
+from .._env import MODE_ENV, MODES
 from .backends import device_backends
 
 logger = logging.getLogger("reloadpg_autopatch")

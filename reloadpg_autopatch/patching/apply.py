@@ -24,13 +24,13 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
-from .. import _originals
+from .. import _env, _originals
 from . import dynamo, state, sweep
 
 logger = logging.getLogger("reloadpg_autopatch")
 
 #: Test switch: makes the patch raise, to prove that a failure never breaks the host.
-FAIL_ENV = "SLIME_RELOADABLE_PG_INJECT_FAILURE"
+FAIL_ENV = _env.FAIL_ENV
 
 NAMESPACE = "torch.distributed"
 C10D = "torch.distributed.distributed_c10d"

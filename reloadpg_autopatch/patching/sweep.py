@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from .._startup.prefixes import parse_prefixes
+from .._env import parse_prefixes
 from . import state
 
 logger = logging.getLogger("reloadpg_autopatch")

@@ -1,0 +1,76 @@
+"""The environment's vocabulary: every variable this package reads and the values it accepts.
+
+It sits below every layer (the start-up layer, the patching, the groups and the tools all read
+these names from here), so no lower layer has to import the start-up layer to learn them. It
+imports nothing: the ``.pth`` line's start-up path loads it in every process of an image.
+"""
+
+TYPE_CHECKING = False  # typing is not loaded at start-up; type checkers read this name
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+#: The gate: the patch is applied at start-up only when it holds one of ``ON_VALUES``.
+GATE = "SLIME_RELOADABLE_PG"
+#: Module prefixes the rebind sweep visits (comma-separated, or ``*``).
+REBIND_ENV = "SLIME_RELOADABLE_PG_REBIND"
+#: Level of the ``reloadpg_autopatch`` logger, one of ``LOG_LEVELS``.
+LOG_ENV = "SLIME_RELOADABLE_PG_LOG"
+#: How reloadable groups reload, one of ``MODES``.
+MODE_ENV = "SLIME_RELOADABLE_PG_MODE"
+#: Testing only: ``patch`` makes the patch raise, to check that nothing breaks.
+FAIL_ENV = "SLIME_RELOADABLE_PG_INJECT_FAILURE"
+
+#: Every variable above, for tools that list or clear them.
+VARIABLES = (GATE, REBIND_ENV, LOG_ENV, MODE_ENV, FAIL_ENV)
+
+# Gate values, compared after ``strip().lower()``; anything else is reported and means off.
+ON_VALUES = ("1", "true", "yes", "on")
+OFF_VALUES = ("", "0", "false", "no", "off")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MODES = ("wrapper", "native", "auto")
+
+DEFAULT_PREFIXES: tuple[str, ...] = ("megatron",)
+
+#: How much of a user's value a report quotes: enough to recognise it, short enough for a line.
+EXCERPT_CHARS = 60
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """``repr`` of a value a user set, cut to ``limit`` characters with its length after it.
+
+    Reports echo the value so that the user sees what was read, but a 128 KB variable must
+    not turn one stderr line into 128 KB.
+    """
+    if not isinstance(value, str) or len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def parse_prefixes(prefixes: "str | Iterable[str] | None") -> tuple[str, ...]:
+    """Normalise a prefix spec: None (the default), ``"*"``, ``"a,b"`` or an iterable of names.
+
+    The one parser of ``SLIME_RELOADABLE_PG_REBIND`` for the start-up watcher and the sweep,
+    so both agree on what a value means.
+    """
+    if prefixes is None:
+        return DEFAULT_PREFIXES
+    items = prefixes.split(",") if isinstance(prefixes, str) else list(prefixes)
+    out = []
+    for raw in items:
+        if not isinstance(raw, str):
+            raise TypeError(
+                "rebind prefixes must be module names (str), '*' or a comma-separated "
+                f"string; got {excerpt(raw)}"
+            )
+        item = raw.strip()
+        if not item:
+            continue
+        if item != "*" and not all(part.isidentifier() for part in item.split(".")):
+            raise ValueError(
+                f"rebind prefix {excerpt(item)} is not a module name; use dotted names like "
+                "'megatron' or 'megatron.core', or '*' for every module"
+            )
+        out.append(item)
+    if not out:
+        raise ValueError("rebind prefixes are empty; use module names such as 'megatron', or '*'")
+    return tuple(out)
