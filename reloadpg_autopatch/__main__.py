@@ -9,7 +9,8 @@ import argparse
 import json
 import sys
 
-from ._startup.bootstrap import MODES
+from ._env import MODES
+from .tools.demo import MAX_WORLD_SIZE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="destroy and reload Megatron's groups on N CPU ranks (the main job)"
     )
-    demo.add_argument("--world-size", type=int, default=4, metavar="N", help="ranks (default 4)")
+    demo.add_argument(
+        "--world-size",
+        type=int,
+        default=4,
+        metavar="N",
+        help=f"ranks, each a fresh interpreter here (default 4, at most {MAX_WORLD_SIZE})",
+    )
     demo.add_argument(
         "--cycles", type=int, default=3, metavar="K", help="destroy/reload cycles (default 3)"
     )
@@ -50,14 +57,19 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default: a free one)"
     )
     demo.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds before every rank is stopped"
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds for the whole run, starting the ranks included, before every rank is "
+        "stopped (default 120)",
     )
     demo.add_argument("--json", action="store_true", help="print one JSON report at the end")
     demo.add_argument(
         "--inject-failure",
         type=int,
         metavar="RANK",
-        help="testing: make RANK die in the first cycle, to see the demo stop and name it",
+        help="testing: make RANK raise in the first cycle, to see the demo stop and name it",
     )
     return parser
 
@@ -65,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
 def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.world_size < 1:
         parser.error(f"--world-size must be at least 1, got {args.world_size}")
+    if args.world_size > MAX_WORLD_SIZE:
+        parser.error(
+            f"--world-size must be at most {MAX_WORLD_SIZE} (each rank is a whole interpreter "
+            f"with torch on this one machine), got {args.world_size}"
+        )
     if args.cycles < 0:
         parser.error(f"--cycles must be 0 or more, got {args.cycles}")
     if not 0 <= args.port <= 65535:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -234,3 +235,61 @@ def test_import_of_the_package_does_not_import_torch() -> None:
         timeout=60,
     )
     assert proc.stdout.strip() == "[]", proc.stderr
+
+
+# Linux caps one environment string (NAME=value) at 128 KiB, so this is about the largest
+# value an interpreter can be started with.
+_HUGE = 131072 - 64
+
+
+@pytest.mark.startup
+@pytest.mark.parametrize(
+    ("variables", "lines_expected"),
+    [
+        ({"SLIME_RELOADABLE_PG": "x" * _HUGE}, 1),
+        (
+            {
+                "SLIME_RELOADABLE_PG": "1",
+                "SLIME_RELOADABLE_PG_MODE": "m\n" * (_HUGE // 2),
+                "SLIME_RELOADABLE_PG_LOG": "L" * _HUGE,
+            },
+            2,
+        ),
+    ],
+)
+def test_a_huge_value_is_cut_in_its_one_line_report(installed, variables, lines_expected) -> None:
+    proc = installed.run("-c", "pass", env=clean_env(**variables))
+    assert proc.returncode == 0, proc.stderr
+    lines = reported(proc.stderr)
+    assert len(lines) == lines_expected, proc.stderr[:2000]
+    assert len(proc.stderr) < 400 * lines_expected, proc.stderr[:2000]
+    counts = [re.search(r"\.\.\. \((\d+) characters\)", line) for line in lines]
+    assert all(c and int(c.group(1)) >= _HUGE - 1 for c in counts), lines
+
+
+def test_a_huge_rebind_value_is_cut_in_its_one_line_report(installed) -> None:
+    proc = installed.run(
+        "-c",
+        "import torch.distributed",
+        env=clean_env(SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_REBIND="megatron;" * 10000),
+    )
+    assert proc.returncode == 0, proc.stderr[:2000]
+    lines = reported(proc.stderr)
+    assert len(lines) == 1, proc.stderr[:2000]
+    assert lines[0].startswith("reloadpg_autopatch: SLIME_RELOADABLE_PG_REBIND"), lines
+    assert len(lines[0]) < 400, lines[0][:2000]
+    assert "... (90000 characters)" in lines[0], lines[0]
+
+
+@pytest.mark.startup
+def test_the_issues_128_kb_gate_value_is_cut_in_the_message() -> None:
+    # 131072 characters exactly, as in the issue: too long for an environment string on Linux,
+    # so the message is built in this process, by what the start-up line calls.
+    from reloadpg_autopatch._startup import bootstrap
+
+    on, problem = bootstrap.gate_verdict("x" * 131072)
+    assert on is False
+    assert problem is not None
+    assert "\n" not in problem
+    assert len(problem) < 300, problem[:400]
+    assert "'" + "x" * 60 + "'... (131072 characters)" in problem

@@ -101,5 +101,119 @@ def test_a_dying_rank_stops_the_demo_and_is_named(installed, tmp_path) -> None:
         cwd=tmp_path,
     )
     assert proc.returncode == 1
-    assert "verdict: FAILED - rank 1 failed (exit code 3)" in proc.stdout
+    assert "verdict: FAILED - rank 1 failed (exit code 1)" in proc.stdout
     assert time.monotonic() - started < 90  # the survivors were stopped, not waited for
+
+
+# In a rank (the launcher has no --rank), leave a mark and exit before anything is imported:
+# should a bound be missing, the ranks it starts cost a bare interpreter start each, no more.
+_EXIT_AT_START = (
+    "import os, sys\n"
+    "if '--rank' in sys.argv:\n"
+    "    open(os.path.join({marks!r}, sys.argv[sys.argv.index('--rank') + 1]), 'w').close()\n"
+    "    os._exit(0)\n"
+)
+
+
+def test_world_size_is_bounded_by_a_usage_error_naming_the_limit(installed, tmp_path) -> None:
+    marks = tmp_path / "started"
+    marks.mkdir()
+    (tmp_path / "sitecustomize.py").write_text(_EXIT_AT_START.format(marks=str(marks)))
+    started = time.monotonic()
+    proc = demo(installed, "--world-size", "100000", timeout=60, PYTHONPATH=str(tmp_path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("usage: ")  # argparse's form: usage, then one error line
+    match = re.search(r"--world-size must be at most (\d+)", proc.stderr)
+    assert match, proc.stderr
+    limit = int(match.group(1))
+    assert 1 < limit < 100000
+    assert time.monotonic() - started < 30
+    assert list(marks.iterdir()) == []  # refused before a single rank was started
+    over = demo(installed, "--world-size", str(limit + 1), timeout=60, PYTHONPATH=str(tmp_path))
+    assert over.returncode == 2
+    assert f"at most {limit}" in over.stderr
+    assert list(marks.iterdir()) == []
+
+
+# Makes the interpreter of one rank hang before the rank program even runs, as a rank whose
+# machine is overloaded or whose start-up blocks would: only the launcher's clock can stop it.
+_HANG_AT_START = (
+    "import sys, time\n"
+    "if '--rank' in sys.argv and sys.argv[sys.argv.index('--rank') + 1] == '{rank}':\n"
+    "    time.sleep(120)\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_does_not_come_up_fails_within_the_timeout_and_is_named(
+    installed, tmp_path
+) -> None:
+    (tmp_path / "sitecustomize.py").write_text(_HANG_AT_START.replace("{rank}", "1"))
+    timeout = 15
+    started = time.monotonic()
+    proc = demo(
+        installed,
+        "--world-size",
+        "2",
+        "--cycles",
+        "1",
+        "--timeout",
+        str(timeout),
+        cwd=tmp_path,
+        timeout=90,
+        PYTHONPATH=str(tmp_path),
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = next(line for line in proc.stdout.splitlines() if line.startswith("verdict:"))
+    assert re.search(rf"\brank 1 did not come up within {timeout} s\b", verdict), verdict
+    assert "ranks" not in verdict  # rank 0 came up: only the rank that did not is named
+    assert elapsed < timeout + 30  # the launcher's own start-up and the stop, not a second wait
+
+
+def test_an_injected_failure_is_reported_as_the_ranks_exception(installed, tmp_path) -> None:
+    proc = demo(
+        installed, "--world-size", "2", "--cycles", "1", "--inject-failure", "1", cwd=tmp_path
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = re.search(r"verdict: FAILED - rank 1 failed \(exit code \d+\): (.*)", proc.stdout)
+    assert verdict, proc.stdout
+    reason = verdict.group(1)
+    tail = proc.stdout.split("--- rank 1 stderr (last lines) ---\n", 1)[1].splitlines()
+    # The reason is the exception the rank raised: the last line of its own traceback (torch
+    # prefixes a rank's stderr lines with "[rankN]: ").
+    assert any(re.search(r'File ".*", line \d+, in ', line) for line in tail[:-1]), proc.stdout
+    assert re.sub(r"^\[rank\d+\]: ", "", tail[-1]) == reason, proc.stdout
+    assert re.match(r"[A-Za-z_][\w.]*(Error|Exception|Failure): ", reason), reason
+    assert "inject" in reason.lower()
+    assert "Warning" not in reason
+
+
+@pytest.mark.timeout(60)
+def test_the_timeout_also_covers_starting_the_ranks(monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    from reloadpg_autopatch.tools import launch
+
+    real_popen = subprocess.Popen
+    started_ranks = []
+
+    def slow_popen(argv, **kwargs):  # a machine where every interpreter takes 2 s to start
+        time.sleep(2)
+        started_ranks.append(argv[argv.index("--rank") + 1])
+        return real_popen(argv, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", slow_popen)
+    command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    timeout = 3
+    started = time.monotonic()
+    with pytest.raises(launch.LaunchError) as failure:
+        launch.launch(command, 8, timeout=timeout)
+    elapsed = time.monotonic() - started
+    assert elapsed < timeout + 5, elapsed  # not 8 x 2 s of starting, then the timeout again
+    never_started = [str(rank) for rank in range(8) if str(rank) not in started_ranks]
+    assert never_started
+    message = str(failure.value)
+    assert f"did not come up within {timeout} s" in message, message
+    assert all(re.search(rf"\b{rank}\b", message) for rank in never_started), message

@@ -130,3 +130,19 @@ def test_doctor_names_a_displaced_wrapper_and_a_bad_mode(installed, tmp_path) ->
     assert "distributed_c10d no longer holds our wrappers of: all_reduce" in proc.stdout
     assert "SLIME_RELOADABLE_PG_MODE='fastest' is not a mode" in proc.stderr  # at start-up
     assert "PROBLEM      SLIME_RELOADABLE_PG_MODE='fastest' is not a mode" in proc.stdout
+
+
+def test_huge_values_are_cut_in_the_report(installed) -> None:
+    huge = 131072 - 64  # about the largest one environment string Linux starts a process with
+    proc = doctor(
+        installed,
+        SLIME_RELOADABLE_PG="x" * huge,
+        SLIME_RELOADABLE_PG_MODE="m" * huge,
+        SLIME_RELOADABLE_PG_LOG="L" * huge,
+        SLIME_RELOADABLE_PG_REBIND="r;" * (huge // 2),
+    )
+    assert proc.returncode == 1, proc.stdout[:2000] + proc.stderr[:2000]
+    assert len(proc.stdout) + len(proc.stderr) < 8000, proc.stdout[:2000]
+    echoes = [line for line in proc.stdout.splitlines() if f"({huge} characters)" in line]
+    assert len(echoes) >= 8, proc.stdout  # each of the four, as a value and as a problem
+    assert max(len(line) for line in proc.stdout.splitlines()) < 300, proc.stdout

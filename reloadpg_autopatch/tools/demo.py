@@ -13,7 +13,14 @@ import os
 import sys
 from typing import Any, TextIO
 
+from .. import _env
 from . import launch
+
+#: The most ranks the demo starts. Every rank is a whole interpreter with torch loaded (about
+#: 0.3-0.5 GB resident and seconds of CPU to start) meshed with every other one over TCP, all on
+#: this one machine: 64 of them already need some 20-30 GB and minutes on a small machine, and a
+#: larger number is a typo, not a test, so it is refused before anything is started.
+MAX_WORLD_SIZE = 64
 
 
 def _count(n: int, noun: str) -> str:
@@ -108,18 +115,23 @@ def run_demo(
     inject_failure: int | None = None,
     stream: TextIO = sys.stdout,
 ) -> int:
-    """Run the demo; returns the exit code (0 OK, 1 failure). Arguments are validated by the CLI."""
+    """Run the demo; returns the exit code (0 OK, 1 failure). Arguments are validated by the CLI.
+
+    ``timeout`` covers the whole run, starting the ranks included.
+    """
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be from 1 to {MAX_WORLD_SIZE}, got {world_size}")
     printer = _Printer(world_size, cycles, stream, quiet=as_json)
     printer._say(
         f"reloadpg_autopatch demo: {_count(world_size, 'rank')} on {backend}, "
         f"{_count(cycles, 'cycle')}, each rank a fresh interpreter with SLIME_RELOADABLE_PG=1"
     )
     env = dict(os.environ)
-    env["SLIME_RELOADABLE_PG"] = "1"
-    env["SLIME_RELOADABLE_PG_MODE"] = mode
+    env[_env.GATE] = "1"
+    env[_env.MODE_ENV] = mode
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     command = [sys.executable, "-m", "reloadpg_autopatch.tools.demo_rank"]
-    command += ["--cycles", str(cycles), "--backend", backend]
+    command += ["--cycles", str(cycles), "--backend", backend, "--timeout", repr(float(timeout))]
     if inject_failure is not None:
         command += ["--inject-failure", str(inject_failure)]
     error = None

@@ -9,7 +9,6 @@ collective and the two values.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
@@ -19,6 +18,10 @@ from . import launch
 
 class Mismatch(AssertionError):
     """A collective gave a wrong result."""
+
+
+class InjectedFailure(RuntimeError):
+    """The failure ``--inject-failure`` asks for: a rank raising mid-run, as a real bug would."""
 
 
 def _expect(label: str, got: Any, want: Any) -> None:
@@ -206,7 +209,7 @@ def run(args: Any) -> None:
     if args.backend in ("nccl", "nccl2"):
         device = torch.device("cuda", args.rank % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
-    launch.init_rank(args, backend=args.backend)
+    launch.init_rank(args, backend=args.backend, timeout=args.timeout)
     import torch.distributed as dist
 
     from ..groups import lifecycle, world
@@ -230,7 +233,10 @@ def run(args: Any) -> None:
     )
     for cycle in range(1, args.cycles + 1):
         if args.inject_failure == args.rank and cycle == 1:
-            os._exit(3)  # a rank dying mid-run, for the launcher's tests
+            raise InjectedFailure(
+                f"rank {args.rank} failed on purpose in cycle {cycle} (--inject-failure "
+                f"{args.inject_failure})"
+            )
         free_live = _free_mib(device)
         started = time.perf_counter()
         lifecycle.destroy_process_groups()
@@ -264,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--inject-failure", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=120.0, help="for joining WORLD")
     args = parser.parse_args(argv)
     try:
         run(args)

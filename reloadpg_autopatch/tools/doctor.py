@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, _env
+from .._env import excerpt
 from .._startup import bootstrap, pth
 
 
@@ -102,34 +103,30 @@ def _check_install(report: Report) -> None:
 
 
 def _check_gate(report: Report) -> None:
-    raw = os.environ.get(bootstrap.GATE)
+    raw = os.environ.get(_env.GATE)
     on, problem = bootstrap.gate_verdict(raw)
     verdict = "on" if on else ("invalid" if problem else "off")
-    report.gate = {"variable": bootstrap.GATE, "value": raw, "verdict": verdict}
+    report.gate = {"variable": _env.GATE, "value": raw, "verdict": verdict}
     if problem:
         report.problems.append(problem)
-    log = os.environ.get(bootstrap.LOG_ENV)
-    rebind = os.environ.get(bootstrap.REBIND_ENV)
+    log = os.environ.get(_env.LOG_ENV)
+    rebind = os.environ.get(_env.REBIND_ENV)
     report.options = {
-        bootstrap.LOG_ENV: log,
-        bootstrap.REBIND_ENV: rebind,
-        bootstrap.MODE_ENV: os.environ.get(bootstrap.MODE_ENV),
+        _env.LOG_ENV: log,
+        _env.REBIND_ENV: rebind,
+        _env.MODE_ENV: os.environ.get(_env.MODE_ENV),
     }
     mode_problem = bootstrap.reload_mode_problem()
     if mode_problem is not None:
         report.problems.append(mode_problem)
-    if log and log.strip().upper() not in bootstrap.LOG_LEVELS:
-        report.problems.append(
-            f"{bootstrap.LOG_ENV}={log!r} is not a log level; use one of "
-            f"{', '.join(bootstrap.LOG_LEVELS)}"
-        )
+    log_problem = bootstrap.log_level_problem()
+    if log_problem is not None:
+        report.problems.append(log_problem)
     if rebind and rebind.strip():
-        from .._startup.prefixes import parse_prefixes
-
         try:
-            parse_prefixes(rebind)
+            _env.parse_prefixes(rebind)
         except (TypeError, ValueError) as error:
-            report.problems.append(f"{bootstrap.REBIND_ENV}: {error}")
+            report.problems.append(f"{_env.REBIND_ENV}: {error}")
     if not on:
         return
     if not report.site_processing:
@@ -196,7 +193,7 @@ def _check_torch(report: Report, imports: list[str]) -> None:
             names = ", ".join(f"{s['module']}.{s['attribute']}" for s in report.stale[:10])
             report.problems.append(
                 f"{len(report.stale)} stale reference(s) still hold torch's unpatched "
-                f"functions: {names}; add their packages to {bootstrap.REBIND_ENV} or call "
+                f"functions: {names}; add their packages to {_env.REBIND_ENV} or call "
                 "reloadpg_autopatch.rebind([...]) after importing them"
             )
     if dist.is_available():
@@ -239,7 +236,7 @@ def _check_mode(report: Report) -> None:
         backends.setdefault("every backend", f"behind a wrapper: {why}")
     report.fidelity["mode"] = {
         "mode": chosen,
-        "variable": os.environ.get(mode.MODE_ENV),
+        "variable": os.environ.get(_env.MODE_ENV),
         "backends": backends,
     }
 
@@ -318,9 +315,9 @@ def _torch_absent(report: Report) -> None:
     gate = report.gate
     if gate.get("verdict") == "on":
         report.problems.append(
-            f"the gate is on ({gate['variable']}={gate['value']!r}) but torch is not importable "
-            f"in this interpreter ({sys.executable}): install torch into this environment, or "
-            "run the doctor with the training process's interpreter"
+            f"the gate is on ({gate['variable']}={excerpt(gate['value'])}) but torch is not "
+            f"importable in this interpreter ({sys.executable}): install torch into this "
+            "environment, or run the doctor with the training process's interpreter"
         )
 
 
@@ -355,10 +352,10 @@ def render(report: Report) -> str:
         else:
             lines.append(f"  {label:<12} not installed ({name})")
     gate = report.gate
-    lines.append(f"  gate         {gate['variable']}={gate['value']!r} -> {gate['verdict']}")
+    lines.append(f"  gate         {gate['variable']}={excerpt(gate['value'])} -> {gate['verdict']}")
     for name, value in report.options.items():
         if value is not None:
-            lines.append(f"  option       {name}={value!r}")
+            lines.append(f"  option       {name}={excerpt(value)}")
     torch_info = report.torch
     if torch_info.get("version"):
         count = len(torch_info.get("patched_functions", []))
@@ -408,7 +405,7 @@ def render(report: Report) -> str:
         )
     if fid.get("mode"):
         m = fid["mode"]
-        lines.append(f"  mode         {m['mode']} ({bootstrap.MODE_ENV}={m['variable']!r})")
+        lines.append(f"  mode         {m['mode']} ({_env.MODE_ENV}={excerpt(m['variable'])})")
         for backend, how in m["backends"].items():
             lines.append(f"                 {backend}: {how}")
     if report.forwarding:

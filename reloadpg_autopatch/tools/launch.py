@@ -2,8 +2,10 @@
 
 The launcher owns the rendezvous ``TCPStore`` (port 0 lets the kernel pick a free one), so a
 busy port is reported before any rank starts. Ranks talk back through tagged JSON lines on
-stdout (``emit``). Any rank that exits non-zero, or any rank still running at the deadline,
-stops every rank and raises ``LaunchError`` naming the rank: a multi-process run never hangs.
+stdout (``emit``); ``init_rank`` says "up" before it joins. Any rank that exits non-zero, or any
+rank still running at the deadline, stops every rank and raises ``LaunchError`` naming the rank:
+a multi-process run never hangs. The deadline starts before the first rank does, so starting
+the ranks counts too, and ranks that never came up are named as such.
 """
 
 from __future__ import annotations
@@ -65,18 +67,25 @@ def rank_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--host", default=HOST)
     parser.add_argument("--port", type=int, required=True)
+    parser.set_defaults(launched=True)  # init_rank then tells the launcher this rank came up
     return parser
 
 
 def init_rank(args: argparse.Namespace, backend: str = "gloo", timeout: float = 30.0) -> None:
-    """Join the launcher's store and initialise WORLD on ``backend``."""
+    """Join the launcher's store and initialise WORLD on ``backend``.
+
+    A rank started by ``launch`` first reports that it came up, so that the launcher can tell a
+    rank that never started from ranks left waiting for it.
+    """
+    if getattr(args, "launched", False):
+        emit({"type": "up", "rank": args.rank})
     import torch.distributed as dist
 
     store = dist.TCPStore(
         args.host,
         args.port,
         args.world_size,
-        is_master=False,
+        is_master=getattr(args, "store_host", False),  # tests may make a rank host it
         timeout=timedelta(seconds=timeout),
     )
     dist.init_process_group(
@@ -121,6 +130,10 @@ def _stop(procs: Sequence[subprocess.Popen]) -> None:
             proc.wait(timeout=10)
 
 
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
 def _tail(outcome: RankOutcome, lines: int = 12) -> str:
     text = "\n".join(list(outcome.stderr)[-lines:])
     return f"\n--- rank {outcome.rank} stderr (last lines) ---\n{text}" if text else ""
@@ -140,14 +153,24 @@ def launch(
     """Run ``command --rank R --world-size N --host H --port P`` for every rank.
 
     Returns each rank's events once all ranks exited with code 0. Raises ``PortInUse`` for a
-    taken ``port`` and ``LaunchError`` for a rank that failed, died or outlived ``timeout``.
+    taken ``port`` and ``LaunchError`` for a rank that failed, died, did not come up or outlived
+    ``timeout``, which counts from the start of this call: starting the ranks takes part of it.
     """
+    deadline = time.monotonic() + timeout
     server = _store_server(host, port, world_size)
     outcomes = [RankOutcome(rank) for rank in range(world_size)]
     lines: queue.Queue = queue.Queue()
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(world_size):
+            if time.monotonic() > deadline:
+                _drain(lines, outcomes, grace=0.0)
+                silent = [o.rank for o in outcomes if not o.events]
+                raise LaunchError(
+                    f"{_ranks(silent)} did not come up within {timeout:g} s (only {rank} of "
+                    f"{world_size} ranks could be started in that time); stopped them all",
+                    rank=silent[0] if len(silent) == 1 else None,
+                )
             argv = [*command, "--rank", str(rank), "--world-size", str(world_size)]
             argv += ["--host", host, "--port", str(server.port)]
             proc = subprocess.Popen(
@@ -163,7 +186,7 @@ def launch(
                 threading.Thread(
                     target=_read, args=(stream, rank, channel, lines), daemon=True
                 ).start()
-        _watch(procs, outcomes, lines, timeout, on_event)
+        _watch(procs, outcomes, lines, deadline=deadline, timeout=timeout, on_event=on_event)
     finally:
         _stop(procs)
         del server
@@ -174,11 +197,13 @@ def _watch(
     procs: Sequence[subprocess.Popen],
     outcomes: list[RankOutcome],
     lines: queue.Queue,
+    *,
+    deadline: float,
     timeout: float,
     on_event: Callable[[int, dict[str, Any]], None] | None,
 ) -> None:
-    deadline = time.monotonic() + timeout
     open_streams = 2 * len(procs)
+    closed: list[int] = []  # ranks in the order their output ended: the order they exited
     while open_streams:
         try:
             rank, channel, line = lines.get(timeout=0.2)
@@ -188,6 +213,7 @@ def _watch(
             outcome = outcomes[rank]
             if channel == "eof":
                 open_streams -= 1
+                closed.append(rank)
             elif channel == "out" and line.startswith(EVENT_TAG):
                 event = _event(rank, line)
                 outcome.events.append(event)
@@ -195,22 +221,32 @@ def _watch(
                     on_event(rank, event)
             elif line:
                 outcome.stderr.append(line)
-        for outcome, proc in zip(outcomes, procs, strict=True):
-            code = proc.poll()
-            if code is not None and code != 0 and outcome.returncode is None:
-                outcome.returncode = code
-                _drain(lines, outcomes)
-                reason = _failure_reason(outcome)
-                raise LaunchError(
-                    f"rank {outcome.rank} failed (exit code {code}): {reason}{_tail(outcome)}",
-                    rank=outcome.rank,
-                )
-        if time.monotonic() > deadline:
-            running = [o.rank for o, p in zip(outcomes, procs, strict=True) if p.poll() is None]
-            what = f"ranks {running} did not finish" if running else "the ranks' output did not end"
+        if any(p.poll() not in (None, 0) for p in procs):
+            # Let the dying ranks' last words (error events, tracebacks) and the end of their
+            # output arrive, then blame the first to exit: the others may only have lost it.
+            _drain(lines, outcomes, closed=closed)
+            failed = [o for o, p in zip(outcomes, procs, strict=True) if p.poll() not in (None, 0)]
+            first = min(failed, key=lambda o: closed.index(o.rank) if o.rank in closed else 2**31)
+            first.returncode = code = procs[first.rank].poll()
+            reason = _failure_reason(first)
             raise LaunchError(
-                f"{what} within {timeout:.0f} s; stopped them all",
-                rank=running[0] if len(running) == 1 else None,
+                f"rank {first.rank} failed (exit code {code}): {reason}{_tail(first)}",
+                rank=first.rank,
+            )
+        if time.monotonic() > deadline:
+            running = [o for o, p in zip(outcomes, procs, strict=True) if p.poll() is None]
+            silent = [o.rank for o in running if not o.events]
+            if silent:
+                what = f"{_ranks(silent)} did not come up"
+                blamed = silent
+            elif running:
+                blamed = [o.rank for o in running]
+                what = f"{_ranks(blamed)} did not finish"
+            else:
+                blamed, what = [], "the ranks' output did not end"
+            raise LaunchError(
+                f"{what} within {timeout:g} s; stopped them all",
+                rank=blamed[0] if len(blamed) == 1 else None,
             )
     for outcome, proc in zip(outcomes, procs, strict=True):
         outcome.returncode = proc.wait()
@@ -226,17 +262,28 @@ def _event(rank: int, line: str) -> dict[str, Any]:
     return event
 
 
-def _drain(lines: queue.Queue, outcomes: list[RankOutcome], grace: float = 1.0) -> None:
-    # Let a dying rank's last words (its error event, its traceback) arrive before we report.
+def _drain(
+    lines: queue.Queue,
+    outcomes: list[RankOutcome],
+    grace: float = 1.0,
+    closed: list[int] | None = None,
+) -> None:
+    """Take in what is queued and what the ranks say for ``grace`` more seconds."""
     end = time.monotonic() + grace
-    while time.monotonic() < end:
+    pending = lines.qsize()
+    while pending > 0 or time.monotonic() < end:
         try:
             rank, channel, line = lines.get(timeout=0.05)
         except queue.Empty:
+            pending = 0
             continue
-        if channel == "out" and line.startswith(EVENT_TAG):
+        pending -= 1
+        if channel == "eof":
+            if closed is not None:
+                closed.append(rank)
+        elif channel == "out" and line.startswith(EVENT_TAG):
             outcomes[rank].events.append(_event(rank, line))
-        elif channel != "eof" and line:
+        elif line:
             outcomes[rank].stderr.append(line)
 
 
