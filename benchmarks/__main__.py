@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plot, reload_cost, startup
+from benchmarks import plot, reload_cost, scale, startup
 from benchmarks.stats import Row, table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(released)
     native_rows, raw["native"] = reload_cost.native_rows(quick=args.quick)
     rows += native_rows
+    scale_rows, raw["scale"] = scale.run(quick=args.quick)
+    rows += scale_rows
     raw["aliases"] = _child("benchmarks.aliases", "10" if args.quick else "30")
     rows += _alias_rows(raw["aliases"])
     elapsed = time.monotonic() - started
@@ -201,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         f"Per-call time, torch {torch.__version__}, Python {platform.python_version()}, {today}",
     )
     print(f"wrote {target.relative_to(ROOT)} and {(RESULTS / 'overhead.png').relative_to(ROOT)}")
+    scale.draw(
+        raw["scale"],
+        RESULTS / "scale.png",
+        f"Store traffic of a cycle, torch {torch.__version__}, {today}",
+    )
+    print(f"wrote {(RESULTS / 'scale.png').relative_to(ROOT)}")
     return 0
 
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._originals import original
-from . import state, world
+from . import rendezvous, state, world
 
 
 def release(group: Any) -> None:
@@ -30,11 +30,19 @@ def _uuid(holder: state.ProcessState, name: str) -> int:
 def rebuild(group: Any, name: str, timeout: timedelta | None) -> None:
     """Reconfigure ``group`` in place with its members' fresh handles (every member calls)."""
     holder = state.current()
-    store = world.base_store()
-    store.set(holder.key("handle", name, group.rank()), group.get_reconfigure_handle())
-    keys = [holder.key("handle", name, rank) for rank in range(group.size())]
-    store.wait(keys, timeout or world.world_timeout())
-    handles = [store.get(key).decode() for key in keys]
+    # One key written and one read per member; the last member to arrive combines them.
+    handles = [
+        handle.decode()
+        for handle in rendezvous.exchange(
+            world.base_store(),
+            holder.key("handle", name),
+            group.rank(),
+            group.size(),
+            group.get_reconfigure_handle(),
+            timeout=timeout or world.world_timeout(),
+            step=f"reload: handles of group {name!r}",
+        )
+    ]
     work = original("_reconfigure")(_uuid(holder, name), handles, group=group, timeout=timeout)
     if work is not None:
         work.wait()

@@ -206,13 +206,14 @@ class Agreement:
 
 
 def _agree(holder: state.ProcessState) -> Agreement:
-    """Every rank publishes one entry in the store, then reads everyone's: one round trip.
+    """Every rank publishes one entry in the store and reads one merged entry: one round trip.
 
-    Every rank gets the same answers, so every rank makes the same creations in the same
-    order, and skips the same ones.
+    The last rank to arrive merges the N entries (``rendezvous.agree``), so each rank makes
+    O(1) store operations, not N reads. Every rank gets the same answers, so every rank makes
+    the same creations in the same order, and skips the same ones.
     """
     held, in_place, released_in_place, takes_part = [], [], [], False
-    for record in holder.records:
+    for record in list(holder.records):
         _drop_if_abandoned(record)
         if record.member and record.state in (State.LIVE, State.DESTROYED):
             held.append(record.name)
@@ -228,11 +229,21 @@ def _agree(holder: state.ProcessState) -> Agreement:
         "released_in_place": released_in_place,
         "takes_part": takes_part,
     }
-    store = world.base_store()
-    store.set(holder.key("agree", world.global_rank()), json.dumps(mine))
-    world.sync("reload")  # every rank has published
-    keys = [holder.key("agree", rank) for rank in range(world.world_size())]
-    return Agreement([json.loads(value) for value in store.multi_get(keys)])
+    from . import rendezvous
+
+    # The last rank to arrive merges the entries (unions, names packed as runs): every rank
+    # reads one small entry, whatever the size of the world.
+    merged = rendezvous.agree(
+        world.base_store(),
+        holder.key("agree"),
+        world.global_rank(),
+        world.world_size(),
+        json.dumps(mine),
+        merge=rendezvous.merge_name_sets,
+        timeout=world.world_timeout(),
+        step="reload: agreement",
+    )
+    return Agreement([rendezvous.expand_name_sets(merged)])
 
 
 def _creation_call(record: Record) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -199,13 +199,20 @@ def sync(step: str) -> None:
     """Wait until every rank reaches ``step`` of this generation, through the base store.
 
     The store outlives every communicator, so it can sync ranks while WORLD is replaced, and
-    ranks may arrive up to WORLD's timeout apart.
+    ranks may arrive up to WORLD's timeout apart. Three store operations per rank
+    (``rendezvous.sync``): a missing rank is named in the error, after WORLD's timeout.
     """
-    store = base_store()
+    from . import rendezvous
+
     key = state.current().key("sync", step)
-    if store.add(key, 1) == world_size():
-        store.set(f"{key}/done", b"1")
-    store.wait([f"{key}/done"], world_timeout())
+    rendezvous.sync(
+        base_store(),
+        key,
+        global_rank(),
+        world_size(),
+        timeout=world_timeout(),
+        step=f"{step}: sync",
+    )
 
 
 def _init_world(world: Registration, backend: str, destroy_all: Callable[[], None]) -> None:
@@ -219,14 +226,18 @@ def _init_world(world: Registration, backend: str, destroy_all: Callable[[], Non
                 kwargs["device_id"] = world.device_id
             if world.pg_options is not None:
                 kwargs["pg_options"] = world.pg_options
-        dist.init_process_group(
-            backend=backend,
-            store=store,
-            rank=world.rank,
-            world_size=world.world_size,
-            timeout=world.timeout,
-            **kwargs,
-        )
+        from .backends import lazy_gloo
+
+        # The temporary WORLD connects its pairs on first use: a swap costs O(1) per rank.
+        with lazy_gloo(backend == world.temporary_backend and not world.swapped):
+            dist.init_process_group(
+                backend=backend,
+                store=store,
+                rank=world.rank,
+                world_size=world.world_size,
+                timeout=world.timeout,
+                **kwargs,
+            )
     default = c10d._get_default_group()
     holder.known_world = default
     stand_in = world.stand_in
