@@ -69,6 +69,12 @@ def in_place_refusal(group: Any) -> str | None:
             f"it has several backends ({', '.join(names)}), and torch reconfigures a group with "
             "one backend only"
         )
+    if any(type(b).__name__ == "_ProcessGroupWrapper" for b in backends.values()):
+        return (
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL wraps its backend in torch's _ProcessGroupWrapper "
+            "(which checks every collective's arguments across ranks), and that wrapper cannot "
+            "reconfigure; unset TORCH_DISTRIBUTED_DEBUG (or set it to INFO) for native mode"
+        )
     try:
         supported = bool(getattr(group, "supports_reconfigure", False))
     except RuntimeError as error:  # torch refuses to answer for some groups
@@ -78,6 +84,28 @@ def in_place_refusal(group: Any) -> str | None:
         label = type(name).__name__ if name is not None else "its backend"
         return f"{label} does not support reconfigure (gloo and nccl2 do; nccl does not)"
     return None
+
+
+def copy_as_handle() -> None:
+    """Make ``copy.copy``/``copy.deepcopy`` of a native group return the group itself.
+
+    In native mode the program holds torch's own groups, and torch's class cannot be copied
+    (``cannot pickle ProcessGroup``); behind a wrapper a group is a handle, and copying it gives
+    the same group (Megatron deep-copies configs that hold groups). Native mode must not be a
+    different library, so once a group reloads in place, torch's class copies like the wrapper.
+    """
+    cls = dist.ProcessGroup
+    if "__copy__" not in cls.__dict__:
+        cls.__copy__ = _same  # type: ignore[attr-defined]
+        cls.__deepcopy__ = _same_deep  # type: ignore[attr-defined]
+
+
+def _same(self: Any) -> Any:
+    return self
+
+
+def _same_deep(self: Any, memo: dict[int, Any]) -> Any:
+    return self
 
 
 def reloads_in_place(group: Any) -> bool:
