@@ -24,6 +24,8 @@ def make_class(original: type, group_names: tuple[str, ...]) -> type:
     """
     converters = {"op": _wrapper_of}
     namespace: dict[str, Any] = {"__module__": original.__module__, "__doc__": original.__doc__}
+    for name in group_names:
+        namespace[name] = _live_group(name)
     for method_name in ("__new__", "__init__"):
         method = original.__dict__.get(method_name)
         if method is None:
@@ -33,7 +35,9 @@ def make_class(original: type, group_names: tuple[str, ...]) -> type:
         wrapped = generate(
             method,
             signature=signature,
-            group_names=group_names,
+            # __init__ keeps the group as given (the attribute unwraps it when read); __new__
+            # may look at it before any attribute exists.
+            group_names=group_names if method_name == "__new__" else (),
             converters={k: v for k, v in converters.items() if k in signature.parameters},
             native_type=_Native,
             unwrap=unwrap,
@@ -44,6 +48,30 @@ def make_class(original: type, group_names: tuple[str, ...]) -> type:
     cls.__qualname__ = original.__qualname__
     setattr(cls, MARKER, True)
     return cls
+
+
+def _live_group(name: str) -> property:
+    """An attribute that keeps the group as given and reads as its native group *now*.
+
+    A ``P2POp`` built before a reload is run after it (``batch_isend_irecv`` reads ``op.group``
+    then): it must run on the group's live communicator, and torch's type test for the
+    coalescing path (``type(group) is ProcessGroup``) must see a native group, as it does for
+    torch's own.
+    """
+    slot = f"_reloadpg_{name}"
+
+    def fget(self: Any) -> Any:
+        group = self.__dict__.get(slot)
+        if group is None or type(group) is _Native:
+            return group
+        if isinstance(group, ReloadableProcessGroup) and (inner := group.group) is not None:
+            return inner
+        return unwrap(group)
+
+    def fset(self: Any, value: Any) -> None:
+        self.__dict__[slot] = value
+
+    return property(fget, fset, doc=f"The native group of the {name!r} given, as it is now.")
 
 
 def _wrapper_of(value: Any) -> Any:
