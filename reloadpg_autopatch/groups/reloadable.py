@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,9 @@ from .record import Record, State
 logger = logging.getLogger("reloadpg_autopatch")
 
 _NativeProcessGroup = dist.ProcessGroup
+
+#: torch compiles batched p2p (``batch_p2p_ops``, which needs C++ backends) only when asked.
+_P2P_COMPILATION = os.environ.get("TORCHDYNAMO_ENABLE_P2P_COMPILATION", "0") not in ("", "0")
 
 # pybind11 plumbing stays the base class's own. Static methods (``unbox``) and class data (the
 # backend-type enum and its values) are left alone by the type checks in _install_forwarders.
@@ -89,15 +93,21 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         _record.alias = aliases.link(self, group)
 
     def mirror_backends(self) -> None:
-        """Give this object's C++ side the native group's backends.
+        """Give this object's C++ side the native group's backends, when compiled p2p needs it.
 
-        C++ code that resolves a group by name (functional collectives, ``batch_p2p_ops``) gets
-        this object, and some of it asks the C++ ``ProcessGroup`` for a backend directly,
-        which no Python method can answer: so it holds the native group's, until the next one.
+        C++ code that resolves a group by name and asks the C++ ``ProcessGroup`` for a backend
+        directly (``batch_p2p_ops``, which torch compiles only with
+        ``TORCHDYNAMO_ENABLE_P2P_COMPILATION=1``) cannot be answered by a Python method. But a
+        backend registered on this object stays registered for the object's life (torch has no
+        way to remove one, and a later registration of the same type keeps the first): the
+        first incarnation's communicator could never be freed, and a thread blocked in one of
+        its collectives would hang until the group's timeout, because the peer's sockets stay
+        open. So only a program that opted into compiled p2p pays that.
         """
         inner = self.group
-        if inner is None:
+        if inner is None or not _P2P_COMPILATION or self.__dict__.get("_mirrored"):
             return
+        self.__dict__["_mirrored"] = True
         types = c10d.Backend.backend_type_map
         for device in inner._device_types:
             backend = inner._get_backend(device)
@@ -198,12 +208,31 @@ def _register_opaque_members() -> None:
     opaque_object.register_opaque_type(ReloadableProcessGroup, typ="reference", members=members)
 
 
+def _takes_only_self(name: str, base: Any) -> bool:
+    """Whether pybind's docstring gives one signature, ``name(self: ...) -> ...``."""
+    first = (getattr(base, "__doc__", None) or "").split("\n", 1)[0]
+    return re.fullmatch(rf"{re.escape(name)}\(self: [\w.]+\) -> .*", first) is not None
+
+
 def _forward_method(name: str, base: Any) -> Any:
-    def method(self: ReloadableProcessGroup, *args: Any, **kwargs: Any) -> Any:
-        inner = self.group
-        if inner is None:
-            raise self.destroyed_error(f"{name}()")
-        return getattr(inner, name)(*args, **kwargs)
+    # The unbound base method, called on the native group: no bound method is made per call.
+    # torch calls these on every collective that reaches a group through the default group
+    # (WORLD's stand-in) or by name, so ``rank()`` and ``size()`` get a fixed-arity forwarder.
+    if _takes_only_self(name, base):
+
+        def method(self: ReloadableProcessGroup) -> Any:
+            inner = self.group
+            if inner is None:
+                raise self.destroyed_error(f"{name}()")
+            return base(inner)
+
+    else:
+
+        def method(self: ReloadableProcessGroup, *args: Any, **kwargs: Any) -> Any:
+            inner = self.group
+            if inner is None:
+                raise self.destroyed_error(f"{name}()")
+            return base(inner, *args, **kwargs)
 
     method.__name__ = name
     method.__qualname__ = f"ReloadableProcessGroup.{name}"

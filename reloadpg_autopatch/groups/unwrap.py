@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -64,3 +65,26 @@ def _unwrap_nested(group: Any) -> Any:
             return group
         group = inner
     raise RuntimeError(f"process group wrappers nest deeper than {_MAX_DEPTH} levels")
+
+
+#: How long a collective that lost its connection waits to learn that this rank destroyed its
+#: group: the peer's destroy closes the connection a moment before this rank's own destroy.
+INTERRUPT_GRACE_S = 2.0
+
+
+def interrupted(given: Any, native: Any, error: BaseException) -> BaseException | None:
+    """The error for a collective on ``given`` that failed because its group was destroyed.
+
+    A thread blocked in a collective while the group is destroyed (here, or first by a peer,
+    which closes the connection under it) gets the package's message naming the group and the
+    fix, not the transport's. Any other failure keeps its own error (None). Runs on the error
+    path only.
+    """
+    if not isinstance(given, ReloadableProcessGroup):
+        return None
+    deadline = time.monotonic() + (INTERRUPT_GRACE_S if "onnection" in str(error) else 0.0)
+    while given.group is native:
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+    return given.destroyed_error("a collective it ran was interrupted by the destroy")

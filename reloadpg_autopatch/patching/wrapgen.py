@@ -78,6 +78,32 @@ def _source_for(
         params.insert(positional_only, "/")
 
     body = []
+    group_names = list(group_names)
+    call_line = f"return __rpg_target({', '.join(call)})"
+    if len(group_names) == 1 and not converters and "__rpg_on_error" in namespace:
+        # One group: the hot path (a native group, or none) stays one test and the call. A call
+        # with a non-native group runs in a try block, so that a collective interrupted by its
+        # group's destroy (a peer closing the connection under it) says so: a try costs nothing
+        # until something raises.
+        (group,) = group_names
+        return (
+            f"def {name}({', '.join(params)}):\n"
+            f"    if {group} is not None and __rpg_type({group}) is not __rpg_native:\n"
+            f"        __rpg_held = {group}\n"
+            f"        if __rpg_isinstance({group}, __rpg_fast) and "
+            f"(__rpg_inner := {group}.group) is not None:\n"
+            f"            {group} = __rpg_inner\n"
+            f"        else:\n"
+            f"            {group} = __rpg_unwrap({group})\n"
+            f"        try:\n"
+            f"            {call_line}\n"
+            f"        except Exception as __rpg_error:\n"
+            f"            __rpg_said = __rpg_on_error(__rpg_held, {group}, __rpg_error)\n"
+            f"            if __rpg_said is None:\n"
+            f"                raise\n"
+            f"            raise __rpg_said from __rpg_error\n"
+            f"    {call_line}\n"
+        )
     for group in group_names:
         # Native groups cost one identity test; our own wrapper is unwrapped inline (a live
         # one holds a native group in .group); anything else goes to the full unwrap. The
@@ -95,7 +121,7 @@ def _source_for(
         slot = f"__rpg_convert_{index}"
         namespace[slot] = converters[param_name]
         body.append(f"    {param_name} = {slot}({param_name})\n")
-    body.append(f"    return __rpg_target({', '.join(call)})\n")
+    body.append(f"    {call_line}\n")
     return f"def {name}({', '.join(params)}):\n" + "".join(body)
 
 
@@ -109,6 +135,7 @@ def generate(
     native_type: type,
     unwrap: Callable[[Any], Any],
     fast_type: type | None = None,
+    on_error: Callable[[Any, Any, BaseException], BaseException | None] | None = None,
 ) -> Callable[..., Any]:
     """Return a wrapper of ``func`` with its exact signature that converts some arguments.
 
@@ -116,7 +143,9 @@ def generate(
     ``native_type`` (the hot path: one identity test); an instance of ``fast_type`` whose
     ``.group`` is set is unwrapped inline. ``converters`` map other parameter names
     to a function applied unconditionally. ``target`` is what the wrapper calls (default
-    ``func``); ``__wrapped__`` is always ``func``.
+    ``func``); ``__wrapped__`` is always ``func``. ``on_error(given, native, error)``, for a
+    function with one group parameter, may return the error to raise instead of ``error`` when
+    a call with a non-native group fails (None: ``error`` stands).
     """
     signature = signature if signature is not None else inspect.signature(func)
     name = func.__name__
@@ -130,6 +159,8 @@ def generate(
         "__rpg_unwrap": unwrap,
         "__rpg_fast": fast_type if fast_type is not None else _Never,
     }
+    if on_error is not None:
+        namespace["__rpg_on_error"] = on_error
     source = _source_for(name, signature, group_names, converters or {}, namespace)
     filename, line = _where(func)
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102
