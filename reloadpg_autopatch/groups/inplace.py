@@ -39,7 +39,8 @@ def rebuild(group: Any, name: str, timeout: timedelta | None) -> None:
             group.rank(),
             group.size(),
             group.get_reconfigure_handle(),
-            timeout=timeout or world.world_timeout(),
+            # A missing member fails this within WORLD's timeout, not the group's own.
+            timeout=min(timeout, world.world_timeout()) if timeout else world.world_timeout(),
             step=f"reload: handles of group {name!r}",
         )
     ]

@@ -13,18 +13,22 @@ prefix of this generation (``names``), and gets back its timeout and hooks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import logging
 import time
+from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native, original
-from . import aliases, inplace, mode, names, policy, registry, state, world
+from . import aliases, faults, inplace, mode, names, policy, registry, state, world
+from .backends import device_backends
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
 from .unwrap import unwrap
@@ -65,38 +69,58 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     replays it while a member needs the group, because torch creates groups collectively.
     """
     holder = state.current()
+    if threaded_world():
+        return create_native(*args, **kwargs)  # ranks are threads: see threaded_world()
     with holder.lock:
         _check_world(holder)
-        try:
-            arguments = _new_group_signature().bind(*args, **kwargs).arguments
-        except TypeError:
-            return create_native(*args, **kwargs)  # raises torch's own error
-        wrap = dist.is_initialized() and policy.should_wrap(
-            arguments.get("ranks"), arguments.get("backend"), world.is_registered()
-        )
-        if not wrap:
-            return create_native(*args, **kwargs)
-        with names.observing() as seen:
-            native = create_native(*args, **kwargs)
+    try:
+        arguments = _new_group_signature().bind(*args, **kwargs).arguments
+    except TypeError:
+        return create_native(*args, **kwargs)  # raises torch's own error
+    wrap = dist.is_initialized() and policy.should_wrap(
+        arguments.get("ranks"), arguments.get("backend"), world.is_registered()
+    )
+    if not wrap:
+        return create_native(*args, **kwargs)
+    # No lock of ours is held here: torch's new_group waits for the other ranks, which may be
+    # threads of this process (a threaded world) or need this process to go on.
+    def taken() -> set[str]:  # asked only for a hashed (local-sync) name
+        with holder.lock:
+            return {record.name for record in holder.records}
+
+    with names.observing(taken) as seen:
+        native = create_native(*args, **kwargs)
+    with holder.lock:
         if holder.known_world is None:
             holder.known_world = c10d._world.default_pg
-        if type(native) is _Native:
-            try:
-                in_place = _reloads_in_place(native)
-            except RuntimeError:
-                destroy_native(native)
-                raise
-            record = registry.add(args, kwargs, str(native.group_name), State.LIVE)
-            record.native = native
-            if in_place:
-                record.in_place = True
-                return native
-            return ReloadableProcessGroup(native, None, _record=record)
-        if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None:
-            registry.add(args, kwargs, seen.last, State.NON_MEMBER)
-        elif native is not None and not isinstance(native, int):
-            logger.debug("leaving %s native: new_group returned a custom class", type(native))
-        return native
+    if type(native) is _Native:
+        try:
+            in_place = _reloads_in_place(native)
+        except RuntimeError:
+            destroy_native(native)
+            raise
+        record = registry.add(args, kwargs, str(native.group_name), State.LIVE)
+        record.native = native
+        if in_place:
+            record.in_place = True
+            mode.copy_as_handle()
+            return native
+        return ReloadableProcessGroup(native, None, _record=record)
+    if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None:
+        registry.add(args, kwargs, seen.last, State.NON_MEMBER)
+    elif native is not None and not isinstance(native, int):
+        logger.debug("leaving %s native: new_group returned a custom class", type(native))
+    return native
+
+
+def threaded_world() -> bool:
+    """Whether ranks are threads of this process (torch's threaded process groups).
+
+    torch's ``MultiThreadedTestCase`` replaces ``_world`` with one world per thread. This
+    package's state is per process, so there groups stay torch's own and destroy and reload
+    have nothing to do: the gate changes nothing, as with the gate off.
+    """
+    return type(c10d._world) is not c10d._World
 
 
 def _reloads_in_place(native: Any) -> bool:
@@ -146,6 +170,45 @@ def _drop_if_abandoned(record: Record) -> None:
         record.move(State.RELEASED)
 
 
+def _nothing_to_do(holder: state.ProcessState, step: str) -> bool:
+    """Whether this process holds no group that ``step`` could concern.
+
+    A forked child in its parent's WORLD holds none (taking part would use the parent's store
+    through an inherited socket, and wait for ranks that wait for the parent); nor does a
+    threaded world (``threaded_world``).
+    """
+    if holder.in_parents_world:
+        logger.debug("%s() in a forked child: its groups belong to the parent", step)
+        return True
+    if threaded_world():
+        logger.debug("%s() with ranks as threads: their groups are torch's own", step)
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def _stepping(holder: state.ProcessState, step: str) -> Iterator[None]:
+    """One destroy or reload at a time in this process, without holding a lock across it.
+
+    The step waits for the other ranks (store syncs, group creations); a lock held all that
+    time would block every other thread of this process that needs one, among them threads
+    whose progress the other ranks wait for. The lock guards the flag only.
+    """
+    with holder.lock:
+        running = holder.step
+        if running is not None:
+            raise RuntimeError(
+                f"{step}() was called while {running}() is running in another thread of this "
+                "process; destroy and reload are steps of the whole program: call them from "
+                "one thread, after the other has returned"
+            )
+        holder.step = step
+    try:
+        yield
+    finally:
+        holder.step = None
+
+
 def _destroy_world() -> None:
     original("destroy_process_group")()
 
@@ -158,7 +221,9 @@ def destroy_process_groups() -> None:
     """
     started = time.perf_counter()
     holder = state.current()
-    with holder.lock:
+    if _nothing_to_do(holder, "destroy_process_groups"):
+        return
+    with _stepping(holder, "destroy_process_groups"):
         _check_world(holder)
         first = not holder.asleep
         swapping = False
@@ -169,7 +234,7 @@ def destroy_process_groups() -> None:
             if swapping:
                 world.sync("destroy")
         count = 0
-        for record in reversed(holder.records):
+        for record in reversed(list(holder.records)):
             _drop_if_abandoned(record)
             if record.state is State.LIVE:
                 record.timeout = world.group_timeout(record.native)
@@ -183,6 +248,12 @@ def destroy_process_groups() -> None:
             world.swap_out(_destroy_world)
         elif first:
             world.release_in_place()
+        for record in holder.records:
+            if record.state is State.DESTROYED and record.keep is not None:
+                # torch unregistered the name with the native group: whatever resolves it
+                # while destroyed (functional collectives, DTensor, a compiled graph) must
+                # get the group that says to reload, not "could not resolve".
+                names.publish(record.name, record.keep)
     logger.info(
         "destroyed %d process groups%s in %.1f ms",
         count,
@@ -246,19 +317,55 @@ def _agree(holder: state.ProcessState) -> Agreement:
     return Agreement([rendezvous.expand_name_sets(merged)])
 
 
-def _creation_call(record: Record) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The record's ``new_group`` arguments, with the timeout the group last had."""
-    if record.timeout is None:
-        return record.args, dict(record.kwargs)
-    bound = _new_group_signature().bind(*record.args, **record.kwargs)
-    bound.arguments["timeout"] = record.timeout
-    return bound.args, bound.kwargs
+def _creation_call(
+    record: Record, bound: timedelta
+) -> tuple[tuple[Any, ...], dict[str, Any], list[int]]:
+    """The record's ``new_group`` arguments with a timeout of at most ``bound``, and its ranks.
+
+    The group's own timeout (the one it last had, ``set_timeout`` included) is given back once
+    it exists; its rendezvous must not outwait WORLD's.
+    """
+    arguments = _new_group_signature().bind(*record.args, **record.kwargs)
+    own = record.timeout
+    arguments.arguments["timeout"] = bound if own is None else min(own, bound)
+    ranks = arguments.arguments.get("ranks")
+    members = list(range(world.world_size())) if ranks is None else sorted(ranks)
+    return arguments.args, arguments.kwargs, members
 
 
 def _create_again(record: Record) -> Any:
-    args, kwargs = _creation_call(record)
-    with names.forcing(record.name):
-        return original("new_group")(*args, **kwargs)
+    """Create the record's group again, under its name; a missing peer fails within WORLD's
+    timeout with an error naming the group, the cycle and the ranks that did not come."""
+    holder = state.current()
+    bound = world.world_timeout()
+    args, kwargs, members = _creation_call(record, bound)
+    store, key = world.base_store(), holder.key("create", record.name)
+    if record.keep is not None:  # published while destroyed: torch registers the new one
+        names.withdraw(record.name)
+    started = time.monotonic()
+    try:
+        with names.forcing(record.name):
+            native = original("new_group")(*args, **kwargs)
+    except Exception as error:
+        step = f"reload_process_groups(): creating group {record.name!r} (ranks {members})"
+        cycle = f"world {holder.epoch}, cycle {holder.generation}"
+        raise faults.failure(
+            step,
+            cycle,
+            store=store,
+            key=key,
+            ranks=members,
+            rank=world.global_rank(),
+            timeout=bound,
+            started=started,
+            error=error,
+        ) from error
+    if record.timeout is not None and record.timeout > bound and type(native) is _Native:
+        for _device, backend in device_backends(native):
+            restore = getattr(backend, "_set_default_timeout", None)  # gloo's and nccl's have it
+            if restore is not None:
+                restore(record.timeout)
+    return native
 
 
 def _released_in_place(record: Record) -> RuntimeError:
@@ -289,7 +396,9 @@ def reload_process_groups() -> None:
         )
     started = time.perf_counter()
     holder = state.current()
-    with holder.lock:
+    if _nothing_to_do(holder, "reload_process_groups"):
+        return
+    with _stepping(holder, "reload_process_groups"):
         _check_world(holder)
         if not holder.asleep:
             return
@@ -300,7 +409,7 @@ def reload_process_groups() -> None:
         rebuilt = 0
         taken_part: list[Any] = []
         with names.keys_under(holder.key("groups") + "/"):
-            for record in holder.records:
+            for record in list(holder.records):
                 if swapped and record.state is State.LIVE:
                     # Restoring WORLD tore down every group, also those made while it slept.
                     _unserve(record, destroy=False)
@@ -358,7 +467,7 @@ def release(group: Any) -> bool:
             return False  # destroying WORLD's stand-in destroys WORLD
     else:
         native = unwrap(group)
-        if native is None or native is dist.GroupMember.WORLD:
+        if native is None or native is world.native_world():
             return False
         record = registry.record_of(native)
         if record is None:
@@ -373,6 +482,8 @@ def release(group: Any) -> bool:
 
 def end_world() -> None:
     """The program destroyed WORLD: torch tore down every group, and this world's records end."""
+    if threaded_world():
+        return  # nothing of ours belongs to a thread's world
     holder = state.current()
     with holder.lock:
         for record in holder.records:

@@ -16,7 +16,8 @@ hand later groups the names of live ones: ``preserved_group_count`` keeps it mon
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -48,18 +49,38 @@ def _namer(replacement: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def observing() -> Iterator[Observed]:
-    """Record the name torch gives each group created in the block (members or not)."""
+def observing(taken: Callable[[], Collection[str]] = frozenset) -> Iterator[Observed]:
+    """Record the name torch gives each group created in the block (members or not).
+
+    A hashed name (``use_local_synchronization=True``) that is already ``taken()`` by a group
+    this process still records is salted until it is not. torch 2.13 hashes the ranks with
+    ``len(_world.pg_names)``, which shrinks while groups are destroyed (and WORLD swapped), so
+    it can hand out the name of a destroyed group with the same ranks; reload would then create
+    both under one name. Every member of the new group holds the records of every earlier group
+    of the same ranks, so every member salts alike.
+    """
     observed = Observed()
     inner = c10d._process_group_name
 
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        name = inner(*args, **kwargs)
+    def recording(ranks: Any, use_hashed_name: Any) -> Any:
+        name = inner(ranks, use_hashed_name)
+        if use_hashed_name:
+            name = _unused(name, taken())
         observed.names.append(str(name))
         return name
 
     with _namer(recording):
         yield observed
+
+
+def _unused(name: Any, taken: Collection[str]) -> Any:
+    salt = 0
+    candidate = name
+    while str(candidate) in taken:
+        salt += 1
+        digest = hashlib.sha1(f"{name}/{salt}".encode(), usedforsecurity=False).hexdigest()
+        candidate = _GROUP_NAME(digest)
+    return candidate
 
 
 @contextlib.contextmanager
@@ -113,3 +134,8 @@ def publish(name: str, group: Any) -> None:
     """
     c10d._unregister_process_group(name)
     c10d._register_process_group(name, group)
+
+
+def withdraw(name: str) -> None:
+    """Make ``name`` resolve to nothing again (torch registers a group's name as it creates it)."""
+    c10d._unregister_process_group(name)

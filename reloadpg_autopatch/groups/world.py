@@ -10,6 +10,7 @@ timeout, bound device and options WORLD had, and under the name it had.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from . import aliases, inplace, mode, names, state
+from . import aliases, faults, inplace, mode, names, state
 from .backends import component_names, device_backends, holds_accelerator_memory
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
@@ -121,6 +122,7 @@ def register_default_process_group(
     in_place = mode.reloads_in_place(default_group)
     if in_place:
         swap = False
+        mode.copy_as_handle()
     elif chosen is None:
         swap = holds_accelerator_memory(backend)
     else:
@@ -142,10 +144,12 @@ def register_default_process_group(
     if swap:
         record = Record((), {}, str(default_group.group_name), State.LIVE)
         record.is_world = True
-        holder.world.stand_in = ReloadableProcessGroup(
+        stand_in = ReloadableProcessGroup(
             default_group, list(range(holder.world.world_size)), _record=record
         )
-        names.publish(record.name, holder.world.stand_in)
+        holder.world.stand_in = stand_in
+        names.publish(record.name, stand_in)
+        _make_default(stand_in)
     logger.info(
         "registered WORLD for reload: backend=%s rank=%d world_size=%d %s timeout=%s",
         backend,
@@ -229,15 +233,35 @@ def _init_world(world: Registration, backend: str, destroy_all: Callable[[], Non
         from .backends import lazy_gloo
 
         # The temporary WORLD connects its pairs on first use: a swap costs O(1) per rank.
-        with lazy_gloo(backend == world.temporary_backend and not world.swapped):
-            dist.init_process_group(
-                backend=backend,
-                store=store,
-                rank=world.rank,
-                world_size=world.world_size,
-                timeout=world.timeout,
-                **kwargs,
+        temporary = backend == world.temporary_backend and not world.swapped
+        started = time.monotonic()
+        try:
+            with lazy_gloo(temporary):
+                dist.init_process_group(
+                    backend=backend,
+                    store=store,
+                    rank=world.rank,
+                    world_size=world.world_size,
+                    timeout=world.timeout,
+                    **kwargs,
+                )
+        except Exception as error:
+            step = (
+                f"destroy_process_groups(): creating the temporary {backend} WORLD"
+                if temporary
+                else f"reload_process_groups(): restoring the {backend} WORLD"
             )
+            raise faults.failure(
+                step,
+                f"world {holder.epoch}, cycle {holder.generation}",
+                store=world.store,
+                key=holder.key("world", backend),
+                ranks=range(world.world_size),
+                rank=world.rank,
+                timeout=world.timeout,
+                started=started,
+                error=error,
+            ) from error
     default = c10d._get_default_group()
     holder.known_world = default
     stand_in = world.stand_in
@@ -246,6 +270,26 @@ def _init_world(world: Registration, backend: str, destroy_all: Callable[[], Non
         stand_in.mirror_backends()
         stand_in._record.alias = aliases.link(stand_in, default)
         names.publish(str(default.group_name), stand_in)
+        _make_default(stand_in)
+
+
+def _make_default(stand_in: ReloadableProcessGroup) -> None:
+    """Make WORLD's stand-in torch's default group: one WORLD object for the life of the world.
+
+    ``dist.group.WORLD``, ``GroupMember.WORLD`` and ``_get_default_group()`` all read
+    ``_world.default_pg``. Code keeps that object (Megatron's checkpoint strategies, a
+    ``P2POp``, Dynamo's guards on compiled code that uses WORLD), so it must be the same one
+    before and after every swap; the native WORLD behind it changes, and torch's maps answer
+    for the stand-in through its aliases.
+    """
+    c10d._world.default_pg = stand_in
+    state.current().known_world = stand_in
+
+
+def native_world() -> Any:
+    """The native group serving as WORLD now (behind the stand-in when WORLD is swapped)."""
+    default = c10d._world.default_pg
+    return default.group if isinstance(default, ReloadableProcessGroup) else default
 
 
 def forget() -> None:
@@ -254,6 +298,8 @@ def forget() -> None:
     world = holder.world
     holder.world = None
     if world is not None and world.stand_in is not None:
+        if c10d._world.default_pg is world.stand_in:  # torch's destroy clears it; this is not
+            c10d._world.default_pg = None
         world.stand_in.group = None
         world.stand_in._record.ended_with_world = True
         world.stand_in._record.move(State.ENDED)

@@ -19,12 +19,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import torch.distributed as dist
-
 from ..groups import state
 from ..groups.reloadable import ReloadableProcessGroup
 from . import state as patch_state
 from .wrapgen import mark
+
+
+def _world() -> Any:
+    from ..groups import world
+
+    return world
 
 
 def _lifecycle() -> Any:
@@ -124,9 +128,9 @@ def make_destroy_process_group(original: Callable[..., Any]) -> Callable[..., An
         if _lifecycle().release(group):
             return None
         native = _lifecycle().unwrap(group)
-        if native is not None and native is not dist.GroupMember.WORLD:
+        if native is not None and native is not _world().native_world():
             return original(native)
-        result = original(native)
+        result = original()  # WORLD, behind its stand-in or not: torch destroys every group
         _lifecycle().end_world()
         return result
 
