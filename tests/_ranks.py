@@ -28,6 +28,8 @@ class Rank:
     world_size: int
     port: int
     host: str = HOST
+    #: This rank hosts the store (``run_ranks(store_in_rank0=True)``).
+    store_host: bool = False
 
     def patched(self, policy: str = "all") -> Any:
         """Patch torch.distributed, choose the wrap policy, join WORLD; return the module."""
@@ -109,25 +111,43 @@ class RankFailure(AssertionError):
     """One or more ranks failed, hung or died."""
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
 def run_ranks(
     fn: Callable[[Rank], Any],
     world_size: int = 2,
     *,
     timeout: float = 90.0,
     env: dict[str, str | None] | None = None,
+    store_in_rank0: bool = False,
+    may_die: frozenset[int] = frozenset(),
 ) -> list[Any]:
-    """Run ``fn(Rank)`` on every rank; return the results in rank order."""
+    """Run ``fn(Rank)`` on every rank; return the results in rank order.
+
+    ``store_in_rank0``: rank 0 hosts the store (``Rank.store_host``), as torchrun's does, so a
+    test can kill it. Ranks in ``may_die`` may exit without a report; their result is None.
+    """
     import torch.distributed as dist
 
-    server = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
+    server = None
+    if store_in_rank0:
+        port = _free_port()
+    else:
+        server = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
+        port = server.port
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = []
     with environment(env):
         for rank in range(world_size):
-            proc = ctx.Process(
-                target=_entry, args=(fn, Rank(rank, world_size, server.port), results), daemon=True
-            )
+            info = Rank(rank, world_size, port, store_host=store_in_rank0 and rank == 0)
+            proc = ctx.Process(target=_entry, args=(fn, info, results), daemon=True)
             proc.start()
             procs.append(proc)
     outcome: dict[int, tuple[bool, Any]] = {}
@@ -141,6 +161,9 @@ def run_ranks(
             try:
                 rank, ok, value = results.get(timeout=min(remaining, 0.5))
             except queue.Empty:
+                for r in may_die:
+                    if r not in outcome and procs[r].exitcode is not None:
+                        outcome[r] = (True, None)
                 dead = [
                     r for r, p in enumerate(procs) if r not in outcome and p.exitcode is not None
                 ]
