@@ -90,6 +90,7 @@ def _overhead(values: list[float], base: list[float], batched: bool) -> dict[str
 def measure(rounds: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
     import reloadpg_autopatch
     from reloadpg_autopatch import _originals
@@ -97,9 +98,14 @@ def measure(rounds: int) -> dict[str, Any]:
     reloadpg_autopatch.monkey_patch_torch_dist()
     reloadpg_autopatch.set_wrap_policy("all")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    native_world = c10d._get_default_group()
+    # WORLD registered for the swap: its stand-in becomes torch's default group for good.
+    reloadpg_autopatch.register_default_process_group(accelerator_backends=("gloo",))
+    stand_in = c10d._get_default_group()
     reloadable = dist.new_group([0])
     native = reloadable.group
     tensor = torch.ones(1)
+    world = c10d._world
     out: dict[str, Any] = {}
     for name in ("get_world_size", "all_reduce"):
         original, ours = _originals.original(name), getattr(dist, name)
@@ -117,6 +123,16 @@ def measure(rounds: int) -> dict[str, Any]:
             label: (lambda fn=fn, group=group, args=args: fn(*args, group=group))
             for label, (fn, group) in variants.items()
         }
+        # No group: torch takes the default group. Both variants set it first (same cost):
+        # the native WORLD, or WORLD's stand-in, which lasts across swaps.
+        for label, fn, default in (
+            ("unpatched, no group, native WORLD", original, native_world),
+            ("ours, no group, WORLD's stand-in", ours, stand_in),
+        ):
+            calls[label] = lambda fn=fn, default=default, args=args: (
+                setattr(world, "_default_pg", default),
+                fn(*args),
+            )
         if name == "get_world_size":
             samples, method = _batched(calls, rounds, number=20000), "batches of 20000 calls"
         else:
@@ -124,11 +140,18 @@ def measure(rounds: int) -> dict[str, Any]:
         out[name] = {
             label: {
                 "per_call_ns": summarize(values).as_dict(),
-                "overhead_ns": _overhead(values, samples[UNPATCHED], name == "get_world_size"),
+                "overhead_ns": _overhead(
+                    values,
+                    samples[
+                        "unpatched, no group, native WORLD" if "no group" in label else UNPATCHED
+                    ],
+                    name == "get_world_size",
+                ),
             }
             for label, values in samples.items()
         }
         out[name]["method"] = method
+    world._default_pg = stand_in
     dist.destroy_process_group()
     return out
 
