@@ -102,6 +102,7 @@ def _fork_across_cycles(ctx: Rank, registered: bool) -> dict:
 
     dist = _begin(ctx, registered)
     group = dist.new_group([0, 1])
+    assert group.group_name  # handed out: the package now holds the group for its name
     seen = [_forks("before")]
     for cycle in range(2):
         rpg.destroy_process_groups()
@@ -118,6 +119,11 @@ def _fork_across_cycles(ctx: Rank, registered: bool) -> dict:
 FORK_CASES = {
     "wrapper": ({"SLIME_RELOADABLE_PG_MODE": "wrapper"}, False),
     "wrapper+WORLD": ({"SLIME_RELOADABLE_PG_MODE": "wrapper"}, True),
+    # Compiled batched p2p makes wrappers hold their first communicator (see the README).
+    "wrapper+compiled-p2p": (
+        {"SLIME_RELOADABLE_PG_MODE": "wrapper", "TORCHDYNAMO_ENABLE_P2P_COMPILATION": "1"},
+        False,
+    ),
     "auto+WORLD": ({"SLIME_RELOADABLE_PG_MODE": "auto"}, True),
     "native": ({"SLIME_RELOADABLE_PG_MODE": "native"}, False),
     "native+WORLD": ({"SLIME_RELOADABLE_PG_MODE": "native"}, True),
@@ -230,14 +236,24 @@ def _world_identity(ctx: Rank, mode: str) -> dict:
         dist.P2POp(dist.isend, outgoing, peer, pair),
         dist.P2POp(dist.irecv, incoming, peer, pair),
     ]
+    created = []
+    helper = c10d._new_process_group_helper
+
+    def counting(*args: Any, **kwargs: Any) -> Any:  # every native group torch builds
+        created.append(1)
+        return helper(*args, **kwargs)
+
+    c10d._new_process_group_helper = counting
     cycles = []
     for _ in range(3):
+        before = len(created)
         rpg.destroy_process_groups()
         rpg.reload_process_groups()
         incoming.zero_()
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-        live = [dict.__contains__(c10d._world.pg_map, op.group) for op in ops]
+        # torch's own loops over its map see only the native groups it holds now.
+        live = [any(pg is op.group for pg in c10d._world.pg_map) for op in ops]
         cycles.append(
             {
                 "same": [
@@ -250,10 +266,11 @@ def _world_identity(ctx: Rank, mode: str) -> dict:
                 "sum": _total(dist, saved, ctx.rank + 1),
                 "p2p": incoming.item(),
                 "p2p_on_live_group": live,
+                "created": len(created) - before,
             }
         )
         dist.barrier(group=saved)
-    return {"cycles": cycles, "rank": ctx.rank}
+    return {"cycles": cycles, "rank": ctx.rank, "in_place": type(pair) is dist.ProcessGroup}
 
 
 @pytest.mark.parametrize("mode", ["wrapper", "auto", "native"])
@@ -273,6 +290,9 @@ def test_world_is_one_object_for_the_life_of_the_world(mode: str) -> None:
             assert cycle["sum"] == 3.0
             assert cycle["p2p"] == 10.0 + (1 - report["rank"]), cycle
             assert cycle["p2p_on_live_group"] == [True, True], cycle
+            # WORLD really went through the cycle: torch built its communicators again
+            # (the temporary and the restored WORLD and the pair; in place: none).
+            assert cycle["created"] == (0 if report["in_place"] else 3), cycle
 
 
 CYCLES = 20
@@ -624,3 +644,34 @@ def test_a_thread_in_a_collective_on_a_destroyed_group_gets_the_packages_error()
         outcome = reports[0]["outcome"]
         assert "reload_process_groups()" in outcome, (attempt, outcome)
         assert [r["sum"] for r in reports] == [2.0, 2.0]
+
+
+def _explicit_world_destroy(ctx: Rank) -> dict:
+    import torch
+
+    import reloadpg_autopatch as rpg
+
+    dist = _begin(ctx, registered=True)
+    pair = dist.new_group([0, 1])
+    rpg.destroy_process_groups()
+    rpg.reload_process_groups()
+    dist.destroy_process_group(dist.group.WORLD)  # WORLD named explicitly: its stand-in
+    out: dict[str, Any] = {"initialized": dist.is_initialized()}
+    try:
+        dist.all_reduce(torch.ones(1), group=pair)
+        out["old group"] = "no error"
+    except RuntimeError as error:
+        out["old group"] = str(error)
+    ctx.reinit("after-explicit-destroy/", TIMEOUT)
+    out["new world"] = _total(dist, dist.new_group([0, 1]), 1)
+    return out
+
+
+def test_destroying_world_by_name_ends_the_world() -> None:
+    """``destroy_process_group(dist.group.WORLD)`` is the program ending its world, as with no
+    argument: torch says it is no longer initialized, old groups say so, a new world works."""
+    for report in run_ranks(_explicit_world_destroy, 2, env=GATE):
+        assert report["initialized"] is False, report
+        assert "destroy" in report["old group"], report
+        assert "WORLD" in report["old group"], report
+        assert report["new world"] == 2.0
