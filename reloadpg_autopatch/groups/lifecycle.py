@@ -82,6 +82,7 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     )
     if not wrap:
         return create_native(*args, **kwargs)
+
     # No lock of ours is held here: torch's new_group waits for the other ranks, which may be
     # threads of this process (a threaded world) or need this process to go on.
     def taken() -> set[str]:  # asked only for a hashed (local-sync) name
