@@ -232,8 +232,10 @@ def destroy_process_groups() -> None:
             holder.asleep = True
             holder.generation += 1
             swapping = world.needs_swap()
-            if swapping:
-                world.sync("destroy")
+            # Every rank has finished every creation before any rank frees one: gloo closes a
+            # group's sockets under a peer still in that group's handshake ("Connection
+            # closed by peer"), and a group created just before the destroy may be one.
+            world.sync("destroy")
         count = 0
         for record in reversed(list(holder.records)):
             _drop_if_abandoned(record)
