@@ -114,9 +114,11 @@ def test_wheel_installs_and_starts_up_without_torch(built, tmp_path) -> None:
     check_site_files(venv)
 
     on = venv.script(NO_TORCH_PROBE, SLIME_RELOADABLE_PG="1")
-    # Only the start-up layer: the package, _startup, its bootstrap and the hook it installed.
+    # Only the start-up layer: the package, the vocabulary of the environment (it imports
+    # nothing), _startup, its bootstrap and the hook it installed.
     assert on["at_start"] == [
         "reloadpg_autopatch",
+        "reloadpg_autopatch._env",
         "reloadpg_autopatch._startup",
         "reloadpg_autopatch._startup.bootstrap",
         "reloadpg_autopatch._startup.hook",
