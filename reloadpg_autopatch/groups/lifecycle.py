@@ -235,7 +235,8 @@ def destroy_process_groups() -> None:
             # Every rank has finished every creation before any rank frees one: gloo closes a
             # group's sockets under a peer still in that group's handshake ("Connection
             # closed by peer"), and a group created just before the destroy may be one.
-            world.sync("destroy")
+            if dist.is_initialized():  # before init there is nothing to destroy, nor a store
+                world.sync("destroy")
         count = 0
         for record in reversed(list(holder.records)):
             _drop_if_abandoned(record)
