@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native, original
-from . import aliases, faults, inplace, mode, names, policy, registry, state, world
+from . import aliases, faults, inplace, mode, names, policy, registry, rendezvous, state, world
 from .backends import device_backends
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
@@ -304,8 +304,6 @@ def _agree(holder: state.ProcessState) -> Agreement:
         "released_in_place": released_in_place,
         "takes_part": takes_part,
     }
-    from . import rendezvous
-
     # The last rank to arrive merges the entries (unions, names packed as runs): every rank
     # reads one small entry, whatever the size of the world.
     merged = rendezvous.agree(

@@ -19,8 +19,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from . import aliases, faults, inplace, mode, names, state
-from .backends import component_names, device_backends, holds_accelerator_memory
+from . import aliases, faults, inplace, mode, names, rendezvous, state
+from .backends import component_names, device_backends, holds_accelerator_memory, lazy_gloo
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
 
@@ -206,8 +206,6 @@ def sync(step: str) -> None:
     ranks may arrive up to WORLD's timeout apart. Three store operations per rank
     (``rendezvous.sync``): a missing rank is named in the error, after WORLD's timeout.
     """
-    from . import rendezvous
-
     key = state.current().key("sync", step)
     rendezvous.sync(
         base_store(),
@@ -230,8 +228,6 @@ def _init_world(world: Registration, backend: str, destroy_all: Callable[[], Non
                 kwargs["device_id"] = world.device_id
             if world.pg_options is not None:
                 kwargs["pg_options"] = world.pg_options
-        from .backends import lazy_gloo
-
         # The temporary WORLD connects its pairs on first use: a swap costs O(1) per rank.
         temporary = backend == world.temporary_backend and not world.swapped
         started = time.monotonic()
