@@ -17,11 +17,16 @@ REBIND_ENV = "SLIME_RELOADABLE_PG_REBIND"
 LOG_ENV = "SLIME_RELOADABLE_PG_LOG"
 #: How reloadable groups reload, one of ``MODES``.
 MODE_ENV = "SLIME_RELOADABLE_PG_MODE"
+#: Free accelerator memory (GiB) the guard wants before a reloaded group's first collective;
+#: ``0`` turns the guard off.
+MIN_FREE_ENV = "SLIME_RELOADABLE_PG_MIN_FREE_GB"
+#: The guard checks before every collective on an accelerator group, as slime does.
+EVERY_CALL_ENV = "SLIME_RELOADABLE_PG_MEMORY_GUARD_EVERY_CALL"
 #: Testing only: ``patch`` makes the patch raise, to check that nothing breaks.
 FAIL_ENV = "SLIME_RELOADABLE_PG_INJECT_FAILURE"
 
 #: Every variable above, for tools that list or clear them.
-VARIABLES = (GATE, REBIND_ENV, LOG_ENV, MODE_ENV, FAIL_ENV)
+VARIABLES = (GATE, REBIND_ENV, LOG_ENV, MODE_ENV, MIN_FREE_ENV, EVERY_CALL_ENV, FAIL_ENV)
 
 # Gate values, compared after ``strip().lower()``; anything else is reported and means off.
 ON_VALUES = ("1", "true", "yes", "on")

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import memory
 from .reloadable import ReloadableProcessGroup
 
 _Native = dist.ProcessGroup
@@ -35,7 +36,7 @@ def unwrap(group: Any) -> Any:
     if cls is _Native or group is None:
         return group
     if cls is ReloadableProcessGroup:
-        inner = group.group
+        inner = group._fast
         if inner is not None:
             return inner
     return _unwrap_nested(group)
@@ -53,10 +54,11 @@ def _unwrap_nested(group: Any) -> Any:
             return group
         if not isinstance(group, _Native):
             return group
+        if isinstance(group, ReloadableProcessGroup):
+            # Destroyed (the error), or armed by the memory guard (which runs now).
+            return group.live("passed to torch.distributed")
         inner = getattr(group, "group", _MISSING)
         if inner is None:
-            if isinstance(group, ReloadableProcessGroup):
-                raise group.destroyed_error("passed to torch.distributed")
             raise RuntimeError(
                 f"{cls.__name__} {group!r} has no native group (its .group is None): it "
                 "was destroyed; reload it before passing it to torch.distributed"
@@ -88,3 +90,19 @@ def interrupted(given: Any, native: Any, error: BaseException) -> BaseException 
             return None
         time.sleep(0.05)
     return given.destroyed_error("a collective it ran was interrupted by the destroy")
+
+
+def failed(given: Any, native: Any, error: BaseException) -> BaseException | None:
+    """A collective on a non-native group failed: ``interrupted``'s error, with the figures.
+
+    Whatever is raised carries a note with the accelerator memory figures of the group's
+    device (``memory.note``), where there is a memory query for it.
+    """
+    said = interrupted(given, native, error)
+    memory.note(said if said is not None else error, native)
+    return said
+
+
+def failed_native(native: Any, error: BaseException) -> None:
+    """A collective on a native group (or the default one) failed: add the memory note."""
+    memory.note(error, native)

@@ -47,7 +47,7 @@ def _inject_failure_if_asked() -> None:
 
 def _build(dist: types.ModuleType) -> state.PatchState:
     from ..groups.reloadable import ReloadableProcessGroup
-    from ..groups.unwrap import interrupted, unwrap
+    from ..groups.unwrap import failed, failed_native, unwrap
     from . import classes, factories, helpers
     from .rule import class_group_params, function_group_params
     from .wrapgen import generate, is_generated
@@ -92,7 +92,8 @@ def _build(dist: types.ModuleType) -> state.PatchState:
                     native_type=native,
                     unwrap=unwrap,
                     fast_type=ReloadableProcessGroup,
-                    on_error=interrupted,
+                    on_error=failed,
+                    on_native_error=failed_native,
                 ),
             )
         elif target is not None:

@@ -64,7 +64,7 @@ def _live_group(name: str) -> property:
         group = self.__dict__.get(slot)
         if group is None or type(group) is _Native:
             return group
-        if isinstance(group, ReloadableProcessGroup) and (inner := group.group) is not None:
+        if isinstance(group, ReloadableProcessGroup) and (inner := group._fast) is not None:
             return inner
         return unwrap(group)
 

@@ -1,0 +1,88 @@
+"""Memory pools registered on a reloadable group's backend, registered again after reload.
+
+Megatron's NCCL allocator (``nccl_allocator.py``) calls ``group._get_backend(device)
+.register_mem_pool(pool)`` once per pool; the registration lives in the communicator, which a
+destroy frees. A backend handed out by a reloadable group is tracked; the first time one of a
+class with ``register_mem_pool`` is seen, the class's ``register_mem_pool`` and
+``deregister_mem_pool`` are taught to tell the group's record, and reload replays what is still
+registered on the new backend. Backends that were not handed out by a reloadable group behave
+exactly as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from .record import Record
+
+#: ``id(backend)`` -> (backend, record, device): the backends reloadable groups handed out.
+_handed: dict[int, tuple[Any, Record, Any]] = {}
+_patched: set[type] = set()
+_lock = threading.Lock()
+
+REGISTER = "register_mem_pool"
+DEREGISTER = "deregister_mem_pool"
+#: The entry a registration leaves in ``Record.hooks``.
+ENTRY = "backend.register_mem_pool"
+
+
+def track(backend: Any, record: Record, device: Any) -> None:
+    """``backend`` was handed out by the reloadable group of ``record`` for ``device``."""
+    cls = type(backend)
+    if not hasattr(cls, REGISTER):
+        return
+    with _lock:
+        if len(_handed) > 1024:  # backends of destroyed incarnations: drop the dead ones
+            for key in [k for k, v in _handed.items() if v[1].native is None]:
+                del _handed[key]
+        _handed[id(backend)] = (backend, record, device)
+        if cls not in _patched:
+            _patched.add(cls)
+            with contextlib.suppress(TypeError, AttributeError):  # takes no new attributes
+                _teach(cls)
+
+
+def _owner(backend: Any) -> tuple[Record, Any] | None:
+    entry = _handed.get(id(backend))
+    if entry is None or entry[0] is not backend:
+        return None
+    return entry[1], entry[2]
+
+
+def _teach(cls: type) -> None:
+    register = getattr(cls, REGISTER)
+    deregister = getattr(cls, DEREGISTER, None)
+
+    def register_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
+        result = register(self, pool, *args, **kwargs)
+        owner = _owner(self)
+        if owner is not None:
+            record, device = owner
+            record.hooks.append((ENTRY, (device, pool, *args), kwargs))
+        return result
+
+    register_mem_pool.__doc__ = register.__doc__
+    setattr(cls, REGISTER, register_mem_pool)
+    if deregister is None:
+        return
+
+    def deregister_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
+        result = deregister(self, pool, *args, **kwargs)
+        owner = _owner(self)
+        if owner is not None:
+            record = owner[0]
+            record.hooks[:] = [h for h in record.hooks if not (h[0] == ENTRY and h[1][1] is pool)]
+        return result
+
+    deregister_mem_pool.__doc__ = deregister.__doc__
+    setattr(cls, DEREGISTER, deregister_mem_pool)
+
+
+def replay(native: Any, entry: tuple[str, tuple[Any, ...], dict[str, Any]]) -> None:
+    """Register a kept memory pool on ``native``'s backend for its device."""
+    _name, (device, pool, *rest), kwargs = entry
+    backend = native._get_backend(device)
+    register = getattr(type(backend), REGISTER)
+    register(backend, pool, *rest, **kwargs)
