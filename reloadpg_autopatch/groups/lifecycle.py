@@ -27,7 +27,22 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native, original
-from . import aliases, faults, inplace, mode, names, policy, registry, rendezvous, state, world
+from . import (
+    aliases,
+    faults,
+    hooks,
+    inplace,
+    memory,
+    mode,
+    names,
+    policy,
+    pools,
+    registry,
+    rendezvous,
+    report,
+    state,
+    world,
+)
 from .backends import device_backends
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
@@ -214,21 +229,43 @@ def _destroy_world() -> None:
     original("destroy_process_group")()
 
 
+def _concerned(holder: state.ProcessState) -> list[Any]:
+    """The groups a destroy frees on this rank, WORLD first, then in creation order."""
+    out = []
+    registered = holder.world
+    if registered is not None and (registered.swap or registered.in_place):
+        out.append(c10d._world.default_pg)
+    for record in holder.records:
+        held = record.held
+        if record.state is State.LIVE and record.member and held is not None:
+            out.append(held)
+    return out
+
+
 def destroy_process_groups() -> None:
     """Free the communicators of every reloadable group; the group objects stay valid.
 
     With WORLD registered (``register_default_process_group``) and on an accelerator backend,
-    WORLD is replaced by a temporary CPU WORLD after the ranks have synchronised.
+    WORLD is replaced by a temporary CPU WORLD after the ranks have synchronised. Reload hooks
+    (``add_reload_hook``) run first; the cycle report (``last_cycle_report``) records the step.
     """
     started = time.perf_counter()
     holder = state.current()
     if _nothing_to_do(holder, "destroy_process_groups"):
         return
+    failures: list[tuple[str, BaseException]] = []
     with _stepping(holder, "destroy_process_groups"):
         _check_world(holder)
         first = not holder.asleep
         swapping = False
+        part = report.StepReport()
+        cycle = None
         if first:
+            cycle = report.begin((holder.generation + 2) // 2, holder.epoch)
+            cycle.destroy = part
+            cycle.measure("before_destroy")
+            with part.phase("hooks"):
+                failures = hooks.run("before_destroy", _concerned(holder))
             holder.asleep = True
             holder.generation += 1
             swapping = world.needs_swap()
@@ -236,20 +273,24 @@ def destroy_process_groups() -> None:
             # group's sockets under a peer still in that group's handshake ("Connection
             # closed by peer"), and a group created just before the destroy may be one.
             if dist.is_initialized():  # before init there is nothing to destroy, nor a store
-                world.sync("destroy")
-        count = 0
-        for record in reversed(list(holder.records)):
-            _drop_if_abandoned(record)
-            if record.state is State.LIVE:
-                record.timeout = world.group_timeout(record.native)
-                if record.in_place:
-                    inplace.release(record.native)
-                else:
-                    _unserve(record, destroy=True)
-                record.move(State.DESTROYED)
-                count += 1
+                with part.phase("sync"):
+                    world.sync("destroy")
+        destroyed = []
+        with part.phase("destroy"):
+            for record in reversed(list(holder.records)):
+                _drop_if_abandoned(record)
+                if record.state is State.LIVE:
+                    record.timeout = world.group_timeout(record.native)
+                    if record.in_place:
+                        record.device = memory.device_of(record.native)
+                        inplace.release(record.native)
+                    else:
+                        _unserve(record, destroy=True)
+                    record.move(State.DESTROYED)
+                    destroyed.append(str(record.name))
         if swapping:
-            world.swap_out(_destroy_world)
+            with part.phase("swap"):
+                world.swap_out(_destroy_world)
         elif first:
             world.release_in_place()
         for record in holder.records:
@@ -258,12 +299,15 @@ def destroy_process_groups() -> None:
                 # while destroyed (functional collectives, DTensor, a compiled graph) must
                 # get the group that says to reload, not "could not resolve".
                 names.publish(record.name, record.keep)
-    logger.info(
-        "destroyed %d process groups%s in %.1f ms",
-        count,
-        " and swapped WORLD" if swapping else "",
-        (time.perf_counter() - started) * 1e3,
-    )
+    part.total_ms = (time.perf_counter() - started) * 1e3
+    part.groups["destroyed"] = destroyed[::-1]
+    if cycle is None:
+        logger.info("destroyed %d more process groups in %.1f ms", len(destroyed), part.total_ms)
+        return
+    cycle.measure("after_destroy")
+    report.log(cycle, "destroy")
+    if failures:
+        raise hooks.error_for("before_destroy", failures)
 
 
 class Agreement:
@@ -388,8 +432,30 @@ def _rebuild_in_place(record: Record, agreed: Agreement) -> None:
     record.move(State.LIVE)
 
 
+def _arm(record: Record) -> None:
+    """The memory guard runs before the first collective on a rebuilt group."""
+    wrapper = record.wrapper
+    if wrapper is not None:
+        device = memory.armed_device(record.native)
+        if device is not None:
+            wrapper.arm(device)
+
+
+def _replay_hooks(record: Record, native: Any) -> None:
+    for entry in record.hooks:
+        method, args, kwargs = entry
+        if method == pools.ENTRY:
+            pools.replay(native, entry)
+        else:
+            getattr(native, method)(*args, **kwargs)
+
+
 def reload_process_groups() -> None:
-    """Recreate every destroyed group in creation order (WORLD first, when it was swapped)."""
+    """Recreate every destroyed group in creation order (WORLD first, when it was swapped).
+
+    Reload hooks (``add_reload_hook``) run last, with the groups rebuilt; the memory guard
+    checks before each rebuilt group's first collective; the cycle report records the step.
+    """
     if not dist.is_initialized():
         raise RuntimeError(
             "reload_process_groups() needs torch.distributed to be initialized: call "
@@ -400,62 +466,90 @@ def reload_process_groups() -> None:
     holder = state.current()
     if _nothing_to_do(holder, "reload_process_groups"):
         return
+    part = report.StepReport()
     with _stepping(holder, "reload_process_groups"):
         _check_world(holder)
         if not holder.asleep:
             return
         holder.generation += 1
-        agreed = _agree(holder)
-        swapped = world.swap_in(_destroy_world)
-        world.rebuild_in_place()
-        rebuilt = 0
+        cycle = report.current((holder.generation + 1) // 2, holder.epoch)
+        cycle.reload = part
+        with part.phase("agreement"):
+            agreed = _agree(holder)
+        with part.phase("swap"):
+            swapped = world.swap_in(_destroy_world)
+            world.rebuild_in_place()
+        rebuilt: list[Any] = []
+        if swapped and world.registration() is not None:
+            stand_in = world.registration().stand_in
+            if stand_in is not None:
+                rebuilt.append(stand_in)
+                device = memory.armed_device(stand_in.group)
+                if device is not None:
+                    stand_in.arm(device)
+        elif world.registration() is not None and world.registration().in_place:
+            rebuilt.append(c10d._get_default_group())
         taken_part: list[Any] = []
-        with names.keys_under(holder.key("groups") + "/"):
+        names_of = {"rebuilt": [], "forgotten": [], "taken_part": []}
+        with part.phase("creations"), names.keys_under(holder.key("groups") + "/"):
             for record in list(holder.records):
                 if swapped and record.state is State.LIVE:
                     # Restoring WORLD tore down every group, also those made while it slept.
                     _unserve(record, destroy=False)
                     record.move(State.DESTROYED)
+                begun = time.perf_counter()
                 if record.name not in agreed.needed and record.state in (
                     State.RELEASED,
                     State.NON_MEMBER,
                 ):
                     record.move(State.ENDED)
+                    names_of["forgotten"].append(str(record.name))
+                    continue
                 elif record.in_place and record.state is State.DESTROYED:
+                    if record.device is not None:
+                        memory.check(record.device, f"group {record.name!r}")
                     _rebuild_in_place(record, agreed)
-                    rebuilt += 1
+                    rebuilt.append(record.native)
+                    names_of["rebuilt"].append(str(record.name))
                 elif record.in_place and record.state is State.RELEASED:
                     raise _released_in_place(record)
                 elif record.state is State.NON_MEMBER and record.name in agreed.in_place:
-                    pass  # reconfigured by its members alone
+                    continue  # reconfigured by its members alone
                 elif record.state is State.DESTROYED:
                     native = _create_again(record)
                     _serve(record, native)
                     record.move(State.LIVE)
-                    for method, args, kwargs in record.hooks:
-                        getattr(native, method)(*args, **kwargs)
-                    rebuilt += 1
+                    _replay_hooks(record, native)
+                    _arm(record)
+                    if record.held is not None:
+                        rebuilt.append(record.held)
+                    names_of["rebuilt"].append(str(record.name))
                 elif record.state in (State.RELEASED, State.NON_MEMBER):
                     # A peer still holds it: take part in its creation, keep nothing.
                     taken_part.append(_create_again(record))
+                    names_of["taken_part"].append(str(record.name))
+                else:
+                    continue
+                part.creations[str(record.name)] = (time.perf_counter() - begun) * 1e3
         if agreed.takes_part:
             # gloo closes a group's sockets when it is destroyed: a peer still finishing its
             # side of the handshake would see "Connection closed by peer". Every rank has
             # finished every creation once all of them pass this point.
-            world.sync("created")
+            with part.phase("sync"):
+                world.sync("created")
         for native in taken_part:
             if type(native) is _Native:
                 destroy_native(native)
-        dropped = registry.prune()
+        registry.prune()
         holder.asleep = False
-    logger.info(
-        "reloaded %d process groups%s in %.1f ms (took part in %d more, forgot %d)",
-        rebuilt,
-        " and WORLD" if swapped else "",
-        (time.perf_counter() - started) * 1e3,
-        len(taken_part),
-        dropped,
-    )
+        with part.phase("hooks"):
+            failures = hooks.run("after_reload", rebuilt)
+    part.total_ms = (time.perf_counter() - started) * 1e3
+    part.groups.update(names_of)
+    cycle.measure("after_reload")
+    report.log(cycle, "reload")
+    if failures:
+        raise hooks.error_for("after_reload", failures)
 
 
 def release(group: Any) -> bool:

@@ -57,6 +57,7 @@ class Record:
         "_ref",
         "alias",
         "args",
+        "device",
         "ended_with_world",
         "hooks",
         "in_place",
@@ -95,6 +96,8 @@ class Record:
         #: Hooks registered on the group after creation, replayed on every new native group:
         #: ``(method name, args, kwargs)`` in registration order.
         self.hooks: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        #: In place: the device the memory guard checks before the rebuild (None: none).
+        self.device: Any = None
 
     def move(self, to: State) -> None:
         """Change state; a move ``TRANSITIONS`` does not list raises ``TransitionError``."""

@@ -1,0 +1,135 @@
+"""The cycle report: what one destroy and its reload did, and what memory they gave back.
+
+Freeing accelerator memory is the reason the cycle exists, so the report says how much the
+destroy returned (free memory before and after it, and after the reload) beside the time of
+each step (the store syncs, the agreement, WORLD's swap, each creation, the hooks) and the
+groups rebuilt, forgotten and taken part in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import memory
+
+logger = logging.getLogger("reloadpg_autopatch")
+
+
+@dataclass
+class StepReport:
+    """One destroy or one reload on this rank."""
+
+    total_ms: float = 0.0
+    #: Milliseconds per phase, in the order they ran.
+    phases: dict[str, float] = field(default_factory=dict)
+    #: Milliseconds per group created (reload only), by group name.
+    creations: dict[str, float] = field(default_factory=dict)
+    #: Group names per outcome: ``destroyed``; or ``rebuilt``, ``forgotten``, ``taken_part``.
+    groups: dict[str, list[str]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block and add it to phase ``name``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = (time.perf_counter() - started) * 1e3
+            self.phases[name] = self.phases.get(name, 0.0) + spent
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total_ms": round(self.total_ms, 3),
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
+            "creations": {k: round(v, 3) for k, v in self.creations.items()},
+            "groups": {k: list(v) for k, v in self.groups.items()},
+        }
+
+
+MEMORY_POINTS = ("before_destroy", "after_destroy", "after_reload")
+
+
+@dataclass
+class CycleReport:
+    """One destroy/reload cycle of this rank: ``destroy`` and ``reload`` once each has run."""
+
+    cycle: int
+    world: int
+    destroy: StepReport | None = None
+    reload: StepReport | None = None
+    #: Free accelerator memory around the cycle (None where there is no device or query).
+    memory: dict[str, memory.MemoryFigures | None] = field(
+        default_factory=lambda: dict.fromkeys(MEMORY_POINTS)
+    )
+    device: str | None = None
+
+    def measure(self, point: str) -> None:
+        device = memory.primary_device()
+        self.device = str(device) if device is not None else None
+        self.memory[point] = memory.figures(device)
+
+    @property
+    def freed_bytes(self) -> int | None:
+        """What the destroy gave back: free memory after it minus before it."""
+        before, after = self.memory["before_destroy"], self.memory["after_destroy"]
+        return None if before is None or after is None else after.free - before.free
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cycle": self.cycle,
+            "world": self.world,
+            "device": self.device,
+            "destroy": self.destroy.to_dict() if self.destroy is not None else None,
+            "reload": self.reload.to_dict() if self.reload is not None else None,
+            "memory": {k: (v.to_dict() if v is not None else None) for k, v in self.memory.items()},
+            "freed_bytes": self.freed_bytes,
+        }
+
+    def summary(self, step: str) -> str:
+        """One log line for ``step`` ("destroy" or "reload")."""
+        part = self.destroy if step == "destroy" else self.reload
+        assert part is not None
+        phases = ", ".join(f"{k} {v:.1f} ms" for k, v in part.phases.items())
+        counts = ", ".join(f"{k} {len(v)}" for k, v in part.groups.items())
+        line = f"cycle {self.cycle} {step}: {part.total_ms:.1f} ms ({phases}); groups {counts}"
+        points = MEMORY_POINTS[:2] if step == "destroy" else MEMORY_POINTS
+        shown = [
+            f"{p.replace('_', ' ')} {self.memory[p].free / memory.GiB:.2f} GiB"
+            for p in points
+            if self.memory[p] is not None
+        ]
+        if shown:
+            line += f"; free on {self.device}: " + ", ".join(shown)
+        return line
+
+
+_last: CycleReport | None = None
+
+
+def begin(cycle: int, world: int) -> CycleReport:
+    """A new report for the cycle a destroy starts."""
+    global _last
+    _last = CycleReport(cycle, world)
+    return _last
+
+
+def current(cycle: int, world: int) -> CycleReport:
+    """The report of the cycle a reload ends (a fresh one if its destroy was not seen)."""
+    last = _last
+    if last is None or last.cycle != cycle or last.world != world or last.reload is not None:
+        return begin(cycle, world)
+    return last
+
+
+def last_cycle_report() -> CycleReport | None:
+    """The report of this rank's latest destroy/reload cycle (None before the first destroy)."""
+    return _last
+
+
+def log(report: CycleReport, step: str) -> None:
+    logger.info(report.summary(step), extra={"reloadpg_cycle": report.to_dict()})
