@@ -445,7 +445,7 @@ def _replay_hooks(record: Record, native: Any) -> None:
     for entry in record.hooks:
         method, args, kwargs = entry
         if method == pools.ENTRY:
-            pools.replay(native, entry)
+            pools.replay(native, entry, f"group {record.name!r}")
         else:
             getattr(native, method)(*args, **kwargs)
 
@@ -472,6 +472,7 @@ def reload_process_groups() -> None:
         if not holder.asleep:
             return
         holder.generation += 1
+        pools.begin_reload()
         cycle = report.current((holder.generation + 1) // 2, holder.epoch)
         cycle.reload = part
         with part.phase("agreement"):

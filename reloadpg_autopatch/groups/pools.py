@@ -12,10 +12,13 @@ exactly as before.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from typing import Any
 
 from .record import Record
+
+logger = logging.getLogger("reloadpg_autopatch")
 
 #: ``id(backend)`` -> (backend, record, device): the backends reloadable groups handed out.
 _handed: dict[int, tuple[Any, Record, Any]] = {}
@@ -56,6 +59,10 @@ def _teach(cls: type) -> None:
     deregister = getattr(cls, DEREGISTER, None)
 
     def register_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
+        if _replayed.get((id(self), id(pool))) == (self, pool):
+            # Reload registered it again already; a framework's own hook doing the same
+            # afterwards must not register it twice.
+            return None
         result = register(self, pool, *args, **kwargs)
         owner = _owner(self)
         if owner is not None:
@@ -80,9 +87,27 @@ def _teach(cls: type) -> None:
     setattr(cls, DEREGISTER, deregister_mem_pool)
 
 
-def replay(native: Any, entry: tuple[str, tuple[Any, ...], dict[str, Any]]) -> None:
-    """Register a kept memory pool on ``native``'s backend for its device."""
+#: ``(id(backend), id(pool))`` -> (backend, pool) registered again by the reload running now.
+_replayed: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def begin_reload() -> None:
+    """Forget the previous reload's registrations (held until now so that ids stay unique)."""
+    _replayed.clear()
+
+
+def replay(native: Any, entry: tuple[str, tuple[Any, ...], dict[str, Any]], label: str) -> None:
+    """Register a kept memory pool on ``native``'s backend for its device.
+
+    A failure is logged, not raised: the group works without the registration (NCCL copies
+    through its own buffers), and a reload that stopped halfway would strand the other ranks.
+    """
     _name, (device, pool, *rest), kwargs = entry
-    backend = native._get_backend(device)
-    register = getattr(type(backend), REGISTER)
-    register(backend, pool, *rest, **kwargs)
+    try:
+        backend = native._get_backend(device)
+        register = getattr(type(backend), REGISTER)
+        register(backend, pool, *rest, **kwargs)
+    except Exception as error:
+        logger.warning("could not register memory pool %r on %s again: %s", pool, label, error)
+        return
+    _replayed[(id(backend), id(pool))] = (backend, pool)
