@@ -51,6 +51,20 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
+def parse_min_free_gb(raw: str) -> float:
+    """``SLIME_RELOADABLE_PG_MIN_FREE_GB``'s value as GiB; ``ValueError`` names what is accepted."""
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(
+            f"{MIN_FREE_ENV}={excerpt(raw)} is not a number of GiB; accepted: 0 (the memory "
+            "guard off) or a positive number such as 3 or 1.5"
+        )
+    return value
+
+
 def parse_prefixes(prefixes: "str | Iterable[str] | None") -> tuple[str, ...]:
     """Normalise a prefix spec: None (the default), ``"*"``, ``"a,b"`` or an iterable of names.
 

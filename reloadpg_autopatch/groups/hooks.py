@@ -83,6 +83,12 @@ def add_reload_hook(
     return ReloadHookHandle(key, name)
 
 
+def registered() -> list[str]:
+    """The names of the hooks registered now, in registration order."""
+    with _lock:
+        return [entry[0] for entry in _hooks.values()]
+
+
 def run(phase: str, groups: list[Any]) -> list[tuple[str, BaseException]]:
     """Run every hook of ``phase``; return the failures as ``(name, error)``, in order."""
     index = PHASES.index(phase) + 1

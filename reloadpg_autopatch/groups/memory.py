@@ -143,6 +143,11 @@ def _check_gb(value: Any) -> float:
     return float(value)
 
 
+def probe_is_default() -> bool:
+    """Whether the memory figures come from torch's own query (no ``set_memory_probe``)."""
+    return _probe is None
+
+
 def get_memory_guard() -> MemoryGuard:
     """The guard's settings now (from the environment until ``set_memory_guard``)."""
     global _guard
@@ -162,15 +167,9 @@ def _from_environment() -> MemoryGuard:
     raw = os.environ.get(_env.MIN_FREE_ENV)
     if raw is not None and raw.strip():
         try:
-            min_free = _check_gb(float(raw.strip()))
-        except (TypeError, ValueError):
-            logger.warning(
-                "%s=%s is not a number of GiB; accepted: 0 (off) or a positive number such "
-                "as 3 or 1.5; using the default, %s",
-                _env.MIN_FREE_ENV,
-                _env.excerpt(raw),
-                DEFAULT_MIN_FREE_GB,
-            )
+            min_free = _env.parse_min_free_gb(raw)
+        except ValueError as error:
+            logger.warning("%s; using the default, %s GiB", error, DEFAULT_MIN_FREE_GB)
     every = False
     raw = os.environ.get(_env.EVERY_CALL_ENV)
     if raw is not None:

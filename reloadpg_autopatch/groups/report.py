@@ -108,6 +108,27 @@ class CycleReport:
         return line
 
 
+def describe(report: dict[str, Any]) -> str:
+    """One line for a report's ``to_dict()`` (the demo and the doctor show it)."""
+    parts = []
+    for step in ("destroy", "reload"):
+        part = report.get(step)
+        if not part:
+            continue
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in part["phases"].items() if v >= 0.05)
+        counts = ", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in part["groups"].items())
+        parts.append(f"{step} {part['total_ms']:.1f} ms ({phases or 'nothing to time'}; {counts})")
+    line = f"cycle {report['cycle']}: " + "; ".join(parts)
+    free = [
+        f"{point.replace('_', ' ')} {figures['free'] / memory.GiB:.2f} GiB"
+        for point, figures in report.get("memory", {}).items()
+        if figures is not None
+    ]
+    if free:
+        line += f"; free on {report.get('device')}: " + ", ".join(free)
+    return line
+
+
 _last: CycleReport | None = None
 
 

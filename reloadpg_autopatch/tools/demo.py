@@ -49,7 +49,7 @@ class _Printer:
             return
         key = event["type"] if event["type"] == "ready" else event["cycle"]
         reports = self.pending.setdefault(key, [])
-        reports.append(event)
+        reports.append({**event, "rank": rank})
         if len(reports) < self.world_size:
             return
         del self.pending[key]
@@ -85,10 +85,13 @@ class _Printer:
                 )
             )
             return
+        first = min(reports, key=lambda r: r["rank"])
         row.update(
             cycle=key,
             destroy_ms=max(r["destroy_ms"] for r in reports),
             reload_ms=max(r["reload_ms"] for r in reports),
+            # Rank 0's cycle report: each step's phases, the groups, free memory.
+            report=first.get("report"),
         )
         self.cycle_rows.append(row)
         self._say(
@@ -97,6 +100,10 @@ class _Printer:
             f"collectives checked {row['collectives']}, "
             f"bindings patched {_fmt_bindings(row['bindings'])}"
         )
+        if row["report"]:
+            from ..groups.report import describe
+
+            self._say(f"  report, rank {first['rank']}: {describe(row['report'])}")
 
     def _say(self, line: str) -> None:
         if not self.quiet:

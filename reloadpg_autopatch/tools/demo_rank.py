@@ -212,7 +212,7 @@ def run(args: Any) -> None:
     launch.init_rank(args, backend=args.backend, timeout=args.timeout)
     import torch.distributed as dist
 
-    from ..groups import lifecycle, world
+    from ..groups import lifecycle, report, world
 
     # On gloo, treat gloo as the accelerator so that WORLD takes part in every cycle too.
     world.register_default_process_group(accelerator_backends=(args.backend,))
@@ -260,6 +260,7 @@ def run(args: Any) -> None:
                 "collectives": _collectives(groups, fns, device),
                 "bindings": _bindings(use_megatron),
                 "free_mib": [free_live, free_destroyed, _free_mib(device)],
+                "report": report.last_cycle_report().to_dict(),
             }
         )
     dist.destroy_process_group()

@@ -40,6 +40,8 @@ class Report:
     stale: list[dict[str, str]] = field(default_factory=list)
     forwarding: dict[str, list[str]] = field(default_factory=dict)
     fidelity: dict[str, Any] = field(default_factory=dict)
+    #: The memory guard, the reload hooks and the last cycle report of this process.
+    cycle: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -115,7 +117,15 @@ def _check_gate(report: Report) -> None:
         _env.LOG_ENV: log,
         _env.REBIND_ENV: rebind,
         _env.MODE_ENV: os.environ.get(_env.MODE_ENV),
+        _env.MIN_FREE_ENV: os.environ.get(_env.MIN_FREE_ENV),
+        _env.EVERY_CALL_ENV: os.environ.get(_env.EVERY_CALL_ENV),
     }
+    min_free = os.environ.get(_env.MIN_FREE_ENV)
+    if min_free is not None and min_free.strip():
+        try:
+            _env.parse_min_free_gb(min_free)
+        except ValueError as error:
+            report.problems.append(f"{error}; the guard uses its default, 3 GiB")
     mode_problem = bootstrap.reload_mode_problem()
     if mode_problem is not None:
         report.problems.append(mode_problem)
@@ -203,6 +213,7 @@ def _check_torch(report: Report, imports: list[str]) -> None:
         _check_mode(report)
     if patched:
         _check_fidelity(report)
+        _check_cycle(report)
 
 
 def _check_mode(report: Report) -> None:
@@ -308,6 +319,24 @@ def _check_fidelity(report: Report) -> None:
     report.fidelity["initialized"] = dist.is_initialized()
 
 
+def _check_cycle(report: Report) -> None:
+    """The guard's settings, the hooks, and in a live process the last cycle's report."""
+    from ..groups import hooks, memory
+    from ..groups.report import last_cycle_report
+
+    guard = memory.get_memory_guard()
+    last = last_cycle_report()
+    report.cycle = {
+        "guard": {
+            "min_free_gb": guard.min_free_gb,
+            "every_call": guard.every_call,
+            "probe": "torch" if memory.probe_is_default() else "custom",
+        },
+        "hooks": hooks.registered(),
+        "last": last.to_dict() if last is not None else None,
+    }
+
+
 def _torch_absent(report: Report) -> None:
     """No torch here: nothing to patch, which is healthy unless the gate asks for the patch."""
     report.torch["installed"] = False
@@ -402,6 +431,28 @@ def render(report: Report) -> str:
         lines.append(
             f"  groups       {g['reloadable']} reloadable, {g['aliases']} aliases in torch's "
             f"maps, names {state}"
+        )
+    if report.cycle:
+        from ..groups.report import describe
+
+        guard = report.cycle["guard"]
+        if guard["min_free_gb"] > 0:
+            when = (
+                "every collective" if guard["every_call"] else "a reloaded group's first collective"
+            )
+            lines.append(
+                f"  guard        {guard['min_free_gb']:g} GiB free wanted before {when} "
+                f"({guard['probe']} memory query)"
+            )
+        else:
+            lines.append(f"  guard        off ({_env.MIN_FREE_ENV}=0)")
+        names = report.cycle["hooks"]
+        lines.append(
+            f"  hooks        {len(names)} reload hooks" + (f": {', '.join(names)}" if names else "")
+        )
+        last = report.cycle["last"]
+        lines.append(
+            f"  last cycle   {describe(last)}" if last else "  last cycle   none in this process"
         )
     if fid.get("mode"):
         m = fid["mode"]
