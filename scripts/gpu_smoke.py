@@ -12,6 +12,12 @@ environment so that the rank starts with the ``.pth`` active:
 It prints what it checked (Megatron's groups on NCCL, collectives on CUDA tensors through
 Megatron's bound functions, WORLD swapped to gloo and back, free GPU memory around each
 destroy) and exits non-zero on any failure.
+
+Then, on each backend, what CPU cannot show (one rank started with the gate alone): the memory
+guard before a reloaded group's first collective (free memory before and after it emptied a
+cache the test filled), a CUDA memory pool registered on a group's backend and registered again
+after each reload (by the package, and a framework's hook doing the same is not doubled), and
+the cycle report's memory figures against ``torch.cuda.mem_get_info``.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = []
     for backend, mode in runs:
         failures += _run(run_demo, backend, mode, args)
+        failures += _parity(backend, mode, args)
     for failure in failures:
         print(f"FAILED: {failure}")
     print("gpu_smoke: OK" if not failures else "gpu_smoke: FAILED")
@@ -90,5 +97,157 @@ def _run(run_demo: object, backend: str, mode: str, args: argparse.Namespace) ->
     return failures
 
 
+def _parity(backend: str, mode: str, args: argparse.Namespace) -> list[str]:
+    """Start one gate-activated rank running ``_parity_rank`` and print what it measured."""
+    import os
+
+    from reloadpg_autopatch.tools import launch
+
+    label = f"{backend}, {mode} mode"
+    events: list[dict] = []
+    env = {**os.environ, "SLIME_RELOADABLE_PG": "1", "SLIME_RELOADABLE_PG_MODE": mode}
+    command = [sys.executable, __file__, "--parity-rank", "--backend", backend]
+    try:
+        launch.launch(
+            command, 1, env=env, timeout=args.timeout, on_event=lambda _r, e: events.append(e)
+        )
+    except launch.LaunchError as error:
+        return [f"{label}: parity checks: {error}"]
+    failures = []
+    for event in events:
+        if event.get("type") == "parity":
+            print(f"[{label}] {event['check']}: {event['detail']}")
+            if not event["ok"]:
+                failures.append(f"{label}: {event['check']}: {event['detail']}")
+    if not any(e.get("type") == "parity" for e in events):
+        failures.append(f"{label}: the parity rank reported nothing")
+    return failures
+
+
+def _parity_rank(argv: list[str]) -> int:
+    """One rank: the guard, a memory pool across reloads, the report's memory figures."""
+    import logging
+
+    import torch
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.tools import launch
+
+    parser = launch.rank_parser("gpu_smoke parity rank")
+    parser.add_argument("--parity-rank", action="store_true")
+    parser.add_argument("--backend", default="nccl")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+
+    def say(check: str, ok: bool, detail: str) -> None:
+        launch.emit({"type": "parity", "check": check, "ok": bool(ok), "detail": detail})
+
+    say("activation", rpg.is_patched(), f"patched at start-up: {rpg.is_patched()}")
+    launch.init_rank(args, backend=args.backend, timeout=120.0)
+    rpg.set_wrap_policy("all")
+    group = dist.new_group([0])
+    one = torch.ones(1, device=device)
+    dist.all_reduce(one, group=group)  # the communicator exists: a pool can be registered
+
+    # A pool registered through the reloadable group, as Megatron's nccl_allocator does.
+    registered = []
+    pool = getattr(torch.cuda, "MemPool", None)
+    pool = pool() if pool is not None else None
+    if pool is not None:
+        backend = group._get_backend(device)
+        if hasattr(backend, "register_mem_pool"):
+            with torch.cuda.use_mem_pool(pool):
+                kept = torch.ones(1 << 20, device=device)  # a segment for the pool
+            backend.register_mem_pool(pool)
+            registered.append(kept)
+    hook_calls = []
+
+    def restore_pool(groups: list) -> None:  # what a framework's own hook would do
+        hook_calls.append(len(groups))
+        if registered:
+            group._get_backend(device).register_mem_pool(pool)
+
+    rpg.add_reload_hook(after_reload=restore_pool, name="restore_pool")
+
+    seen: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("reloadpg_autopatch")
+    logger.addHandler(Catch())
+    logger.setLevel(logging.INFO)
+    total = torch.cuda.mem_get_info(device)[1]
+    rpg.set_memory_guard(min_free_gb=2 * total / 2**30)  # always "low": the guard must act
+    # In native mode the guard runs inside the reload, before the group's in-place rebuild;
+    # behind a wrapper, before the group's first collective after it.
+    native = type(group) is dist.ProcessGroup
+
+    def fill_cache() -> tuple[int, int]:
+        cache = torch.empty(1 << 30, dtype=torch.uint8, device=device)  # 1 GiB, then cached
+        del cache
+        seen.clear()
+        return torch.cuda.mem_get_info(device)[0], torch.cuda.memory_reserved(device)
+
+    for cycle in (1, 2):
+        rpg.destroy_process_groups()
+        if native:
+            before, reserved = fill_cache()
+        rpg.reload_process_groups()
+        if not native:
+            before, reserved = fill_cache()
+        t = torch.full((4,), 2.0, device=device)
+        dist.all_reduce(t, group=group)
+        torch.cuda.synchronize(device)
+        after = torch.cuda.mem_get_info(device)[0]
+        acted = any("emptying the cache" in line for line in seen)
+        say(
+            f"guard, cycle {cycle}",
+            acted and after > before and torch.cuda.memory_reserved(device) < reserved,
+            f"free {before / 2**30:.2f} GiB before the guard, {after / 2**30:.2f} "
+            f"GiB after it (the guard {'acted' if acted else 'did NOT act'}); reserved "
+            f"{reserved / 2**30:.2f} -> {torch.cuda.memory_reserved(device) / 2**30:.2f} GiB; "
+            f"all_reduce {t.tolist()}",
+        )
+        report = rpg.last_cycle_report().to_dict()
+        figures = report["memory"]
+        ok = all(figures[p] is not None for p in ("before_destroy", "after_destroy"))
+        say(
+            f"cycle report, cycle {cycle}",
+            ok and report["device"] == str(device),
+            f"{report['device']}: free before destroy "
+            + ", ".join(
+                f"{p} {f['free'] / 2**30:.2f} GiB" for p, f in figures.items() if f is not None
+            )
+            + f"; destroy gave back {(report['freed_bytes'] or 0) / 2**20:.0f} MiB",
+        )
+    if registered:
+        from reloadpg_autopatch.groups import pools
+
+        # In native mode the group is torch's own: only the hook registers the pool again.
+        record = getattr(group, "_record", None)
+        entries = [h for h in record.hooks if h[0] == pools.ENTRY] if record else []
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.full((1 << 10,), 1.0, device=device)
+        dist.all_reduce(x, group=group)
+        say(
+            "memory pool",
+            len(entries) == (0 if native else 1) and hook_calls == [1, 1] and x[0].item() == 1.0,
+            f"kept registrations {len(entries)} (want {0 if native else 1}: the hook's "
+            f"re-registration is not doubled); hook calls {hook_calls}; all_reduce on pool "
+            f"memory {x[0].item()}",
+        )
+    else:
+        say("memory pool", True, "this torch has no MemPool/register_mem_pool: skipped")
+    rpg.set_memory_guard()
+    dist.destroy_process_group()
+    return 0
+
+
 if __name__ == "__main__":
+    if "--parity-rank" in sys.argv:
+        sys.exit(_parity_rank(sys.argv[1:]))
     sys.exit(main())
