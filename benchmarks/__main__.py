@@ -84,6 +84,32 @@ def _overhead_rows(data: dict[str, Any]) -> list[Row]:
                     ratio >= RATIO_TARGET,
                 )
             )
+        settled = variants.get("guard_settled_vs_never_armed_ns")
+        if settled is not None:
+            twin = variants["twin_vs_never_armed_ns"]
+            every = variants["ours, reloadable group, guard on every call"]["overhead_ns"]
+            rows.append(
+                Row(
+                    "per call",
+                    f"{function}: reloadable group after a reload, memory guard settled",
+                    f"{settled['estimate']:+.0f} ns [{settled['low']:+.0f}..{settled['high']:+.0f}]"
+                    " vs a group the guard never armed",
+                    f"within noise (an identical group: {twin['estimate']:+.0f} ns "
+                    f"[{twin['low']:+.0f}..{twin['high']:+.0f}])",
+                    abs(settled["estimate"])
+                    <= max(abs(twin["low"]), abs(twin["high"]), 2 * floor, 10.0),
+                )
+            )
+            rows.append(
+                Row(
+                    "per call",
+                    f"{function}: memory guard on every call (slime's behaviour)",
+                    f"{every['estimate']:+.0f} ns [{every['low']:+.0f}..{every['high']:+.0f}] vs "
+                    "unpatched torch (a CPU probe; a device query costs more)",
+                    "-",
+                    None,
+                )
+            )
         stand_in = variants.get("ours, no group, WORLD's stand-in")
         if stand_in is not None:
             cost = stand_in["overhead_ns"]

@@ -102,9 +102,28 @@ def measure(rounds: int) -> dict[str, Any]:
     # WORLD registered for the swap: its stand-in becomes torch's default group for good.
     reloadpg_autopatch.register_default_process_group(accelerator_backends=("gloo",))
     stand_in = c10d._get_default_group()
-    reloadable = dist.new_group([0])
-    native = reloadable.group
     tensor = torch.ones(1)
+    # The memory guard: a probe that answers for CPU groups (gloo has no accelerator memory)
+    # and reports plenty free, so only the check itself is timed. Three groups rebuilt by the
+    # same reload: ``reloadable`` and ``twin`` never armed (the guard was off during that
+    # reload; the twin shows how much two identical groups differ: gloo runs a worker thread
+    # per group),
+    # ``settled`` armed afterwards and settled by its first call (the guard ran once and
+    # left), ``every`` checking on every call, slime's behaviour.
+    reloadpg_autopatch.set_memory_probe(
+        lambda device: reloadpg_autopatch.MemoryFigures(1 << 40, 1 << 40, 0, 0),
+        device_types=("cpu",),
+    )
+    reloadable, twin, settled, every = (dist.new_group([0]) for _ in range(4))
+    reloadpg_autopatch.set_memory_guard(0)
+    reloadpg_autopatch.destroy_process_groups()
+    reloadpg_autopatch.reload_process_groups()
+    reloadpg_autopatch.set_memory_guard()
+    settled.arm(torch.device("cpu"))
+    dist.get_world_size(group=settled)  # the guard runs here, once
+    reloadpg_autopatch.set_memory_guard(every_call=True)
+    every.arm(torch.device("cpu"))
+    native = reloadable.group
     world = c10d._world
     out: dict[str, Any] = {}
     for name in ("get_world_size", "all_reduce"):
@@ -116,6 +135,9 @@ def measure(rounds: int) -> dict[str, Any]:
             CONTROL: (original, native),
             "ours, native group": (ours, native),
             "ours, reloadable group": (ours, reloadable),
+            "ours, reloadable group, guard settled after a reload": (ours, settled),
+            "ours, reloadable group, its twin (control)": (ours, twin),
+            "ours, reloadable group, guard on every call": (ours, every),
             "slime-style, native group": (slime, native),
             "slime-style, reloadable group": (slime, reloadable),
         }
@@ -151,6 +173,17 @@ def measure(rounds: int) -> dict[str, Any]:
             for label, values in samples.items()
         }
         out[name]["method"] = method
+        # Side by side: the settled group against one the guard never touched.
+        out[name]["twin_vs_never_armed_ns"] = _overhead(
+            samples["ours, reloadable group, its twin (control)"],
+            samples["ours, reloadable group"],
+            name == "get_world_size",
+        )
+        out[name]["guard_settled_vs_never_armed_ns"] = _overhead(
+            samples["ours, reloadable group, guard settled after a reload"],
+            samples["ours, reloadable group"],
+            name == "get_world_size",
+        )
     world._default_pg = stand_in
     dist.destroy_process_group()
     return out
