@@ -170,6 +170,8 @@ def _unserve(record: Record, destroy: bool) -> None:
     aliases.unlink(record.alias)
     record.alias = None
     if destroy and record.native is not None:
+        if record.hooks:
+            pools.release(record, f"group {record.name!r}")
         destroy_native(record.native)
     record.set_native(None)
 

@@ -54,12 +54,18 @@ def _owner(backend: Any) -> tuple[Record, Any] | None:
     return entry[1], entry[2]
 
 
+#: The class's own ``(register_mem_pool, deregister_mem_pool)``, for the lifecycle's calls.
+_originals: dict[type, tuple[Any, Any]] = {}
+
+
 def _teach(cls: type) -> None:
     register = getattr(cls, REGISTER)
     deregister = getattr(cls, DEREGISTER, None)
+    _originals[cls] = (register, deregister)
 
     def register_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
-        if _replayed.get((id(self), id(pool))) == (self, pool):
+        again = _replayed.get((id(self), id(pool)))
+        if again is not None and again[0] is self and again[1] is pool:
             # Reload registered it again already; a framework's own hook doing the same
             # afterwards must not register it twice.
             return None
@@ -77,6 +83,7 @@ def _teach(cls: type) -> None:
 
     def deregister_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
         result = deregister(self, pool, *args, **kwargs)
+        _replayed.pop((id(self), id(pool)), None)
         owner = _owner(self)
         if owner is not None:
             record = owner[0]
@@ -96,6 +103,28 @@ def begin_reload() -> None:
     _replayed.clear()
 
 
+def _kept(record: Record) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    return [entry for entry in record.hooks if entry[0] == ENTRY]
+
+
+def release(record: Record, label: str) -> None:
+    """Deregister the record's kept pools from its backend before its communicator is freed.
+
+    NCCL's abort deregisters what is still registered and fails on handles it cannot find
+    (Megatron deregisters its pools before destroying its groups for that reason). The entries
+    stay on the record: reload registers them again.
+    """
+    native = record.native
+    for _name, (device, pool, *_rest), _kwargs in _kept(record):
+        try:
+            backend = native._get_backend(device)
+            deregister = _originals[type(backend)][1]
+            if deregister is not None:
+                deregister(backend, pool)
+        except Exception as error:
+            logger.warning("could not deregister memory pool %r from %s: %s", pool, label, error)
+
+
 def replay(native: Any, entry: tuple[str, tuple[Any, ...], dict[str, Any]], label: str) -> None:
     """Register a kept memory pool on ``native``'s backend for its device.
 
@@ -105,8 +134,7 @@ def replay(native: Any, entry: tuple[str, tuple[Any, ...], dict[str, Any]], labe
     _name, (device, pool, *rest), kwargs = entry
     try:
         backend = native._get_backend(device)
-        register = getattr(type(backend), REGISTER)
-        register(backend, pool, *rest, **kwargs)
+        _originals[type(backend)][0](backend, pool, *rest, **kwargs)
     except Exception as error:
         logger.warning("could not register memory pool %r on %s again: %s", pool, label, error)
         return
