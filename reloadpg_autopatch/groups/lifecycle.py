@@ -121,7 +121,10 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             record.in_place = True
             mode.copy_as_handle()
             return native
-        return ReloadableProcessGroup(native, None, _record=record)
+        wrapper = ReloadableProcessGroup(native, None, _record=record)
+        if memory.get_memory_guard().every_call:
+            _arm(record)  # slime's behaviour checks from the first collective on
+        return wrapper
     if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None:
         registry.add(args, kwargs, seen.last, State.NON_MEMBER)
     elif native is not None and not isinstance(native, int):

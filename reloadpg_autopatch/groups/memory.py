@@ -131,6 +131,24 @@ def set_memory_guard(min_free_gb: float = DEFAULT_MIN_FREE_GB, *, every_call: bo
         raise TypeError(f"every_call must be True or False, got {every_call!r}")
     with _lock:
         _guard = MemoryGuard(value, every_call)
+    if every_call and value > 0:
+        _arm_live_groups()
+
+
+def _arm_live_groups() -> None:
+    """Every call is checked from now on: arm the live reloadable groups (and WORLD's)."""
+    from . import state
+    from .record import State
+
+    holder = state.current()
+    wrappers = [r.wrapper for r in holder.records if r.state is State.LIVE]
+    if holder.world is not None:
+        wrappers.append(holder.world.stand_in)
+    for wrapper in wrappers:
+        native = getattr(wrapper, "group", None)
+        device = device_of(native) if native is not None else None
+        if device is not None:
+            wrapper.arm(device)
 
 
 def _check_gb(value: Any) -> float:
