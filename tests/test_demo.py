@@ -32,10 +32,16 @@ def test_default_demo_prints_a_line_per_cycle_and_a_verdict(installed, tmp_path)
         r"cycle (\d)/3: groups (\d+), destroy [\d.]+ ms, reload [\d.]+ ms, "
         r"collectives checked (\d+), bindings patched (\d+)/\4$"
     )
-    matches = [cycle.match(line) for line in lines[2:5]]
+    # Each cycle's line, then rank 0's cycle report for it.
+    matches = [cycle.match(line) for line in lines[2:8:2]]
     assert all(matches), lines
     assert [int(m.group(1)) for m in matches] == [1, 2, 3]
-    assert lines[5].startswith("verdict: OK - 4 ranks destroyed and reloaded")
+    reports = lines[3:8:2]
+    for number, line in enumerate(reports, 1):
+        assert line.startswith(f"  report, rank 0: cycle {number}: destroy "), lines
+        assert re.search(r"reload [\d.]+ ms \(agreement [\d.]+", line), line
+        assert f"{matches[0].group(2)} rebuilt" in line, line
+    assert lines[8].startswith("verdict: OK - 4 ranks destroyed and reloaded")
 
 
 def test_json_report_and_plain_torch_groups_without_megatron(installed, tmp_path) -> None:
