@@ -1000,3 +1000,42 @@ def test_demo_json_has_a_report_per_cycle(installed, tmp_path) -> None:
             # Every group the demo holds went through the cycle: destroyed, then rebuilt.
             assert sorted(rebuilt) == sorted(cycle["destroy"]["groups"]["destroyed"]), cycle
             assert set(cycle["memory"]) == {"before_destroy", "after_destroy", "after_reload"}
+
+
+def _doctor_in_a_live_rank(ctx: Rank) -> dict:
+    import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.tools import doctor
+
+    _begin(ctx)
+    group = dist_new_group()
+    before = doctor.diagnose()
+    rpg.add_reload_hook(after_reload=lambda groups: None, name="restore pools")
+    rpg.set_memory_guard(1.5)
+    rpg.destroy_process_groups()
+    rpg.reload_process_groups()
+    after = doctor.diagnose()
+    return {
+        "before": before.cycle,
+        "after": after.cycle,
+        "text": doctor.render(after),
+        "name": group.group_name,
+        "sum": _total(group, 1.0),
+    }
+
+
+def test_doctor_in_a_live_rank_shows_the_guard_the_hooks_and_the_last_cycle() -> None:
+    """Called inside a training process, the doctor reports what this process did: the guard's
+    settings, the hooks registered, and the last cycle's report (none before the first)."""
+    for report in run_ranks(_doctor_in_a_live_rank, 2, timeout=90, env=GATE):
+        assert report["sum"] == 2.0
+        assert report["before"]["last"] is None
+        assert report["before"]["hooks"] == []
+        after = report["after"]
+        assert after["guard"] == {"min_free_gb": 1.5, "every_call": False, "probe": "torch"}
+        assert after["hooks"] == ["restore pools"]
+        assert after["last"]["cycle"] == 1
+        assert after["last"]["reload"]["groups"]["rebuilt"] == [report["name"]]
+        text = report["text"]
+        assert "  hooks        1 reload hooks: restore pools" in text, text
+        assert "  guard        1.5 GiB free wanted before a reloaded group's first" in text, text
+        assert re.search(r"  last cycle   cycle 1: destroy [\d.]+ ms .*1 rebuilt", text), text
