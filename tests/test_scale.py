@@ -23,39 +23,43 @@ _OURS = re.compile(r"reloadpg_autopatch/\d+/\d+/([^/]+)/")
 
 
 def _counting_store(inner):
-    """A Store that forwards every call to ``inner`` and lists each key it reads."""
+    """A Store that forwards every call to ``inner`` and lists each key it reads, and the bytes."""
     import torch.distributed as dist
 
     class Counting(dist.Store):
         def __init__(self) -> None:
             super().__init__()
             self.reads: list[str] = []
+            #: Bytes each read returned, in step with ``reads`` (0 for waits and checks).
+            self.sizes: list[int] = []
+
+        def _read(self, keys, values=None):
+            self.reads.extend(keys)
+            self.sizes.extend([0] * len(keys) if values is None else [len(v) for v in values])
+            return values
 
         def set(self, key, value):
             inner.set(key, value)
 
         def get(self, key):
-            self.reads.append(key)
-            return inner.get(key)
+            return self._read([key], [inner.get(key)])[0]
 
         def add(self, key, value):
             return inner.add(key, value)
 
         def compare_set(self, key, expected, desired):
-            self.reads.append(key)
-            return inner.compare_set(key, expected, desired)
+            return self._read([key], [inner.compare_set(key, expected, desired)])[0]
 
         def wait(self, keys, timeout=None):
-            self.reads.extend(keys)
+            self._read(keys)
             return inner.wait(keys) if timeout is None else inner.wait(keys, timeout)
 
         def check(self, keys):
-            self.reads.extend(keys)
+            self._read(keys)
             return inner.check(keys)
 
         def multi_get(self, keys):
-            self.reads.extend(keys)
-            return inner.multi_get(keys)
+            return self._read(keys, inner.multi_get(keys))
 
         def multi_set(self, keys, values):
             inner.multi_set(keys, values)
@@ -75,15 +79,22 @@ def _counting_store(inner):
     return Counting()
 
 
-def _split(reads: list[str]) -> dict[str, int]:
-    """Keys read: by our rendezvous, by torch creating groups under our prefixes, by others."""
-    out = {"ours": 0, "creations": 0, "other": 0}
-    for key in reads:
+def _split(reads: list[str], sizes: list[int]) -> dict[str, int]:
+    """Keys read: by our rendezvous, by torch creating groups under our prefixes, by others.
+
+    ``ours_bytes``: what our rendezvous reads returned. Reading one key that holds every
+    rank's entry is one read, so the count alone cannot tell an all-to-all from O(1).
+    """
+    out = {"ours": 0, "ours_bytes": 0, "creations": 0, "other": 0}
+    for key, size in zip(reads, sizes, strict=True):
         found = _OURS.search(key)
         if found is None:
             out["other"] += 1
+        elif found[1] in ("groups", "world"):
+            out["creations"] += 1
         else:
-            out["creations" if found[1] in ("groups", "world") else "ours"] += 1
+            out["ours"] += 1
+            out["ours_bytes"] += size
     return out
 
 
@@ -118,14 +129,14 @@ def _cycle_reads(ctx: Rank) -> dict:
     for cycle in range(2):
         before = len(store.reads)
         reloadpg_autopatch.destroy_process_groups()
-        destroy = _split(store.reads[before:])
+        destroy = _split(store.reads[before:], store.sizes[before:])
         # The temporary WORLD still serves CPU collectives while the groups sleep.
         dist.barrier()
         t = torch.tensor([float(ctx.rank)])
         dist.broadcast(t, src=ctx.world_size - 1)
         before = len(store.reads)
         reloadpg_autopatch.reload_process_groups()
-        reload = _split(store.reads[before:])
+        reload = _split(store.reads[before:], store.sizes[before:])
         sums = []
         for group in held:
             s = torch.tensor([1.0])
@@ -151,9 +162,9 @@ def test_reads_per_rank_of_a_cycle_do_not_grow_with_the_world() -> None:
                 assert cycle["broadcast"] == n - 1
                 assert cycle["sums"] == [2.0, float(n)]
 
-    def per_rank(n: int, step: str) -> list[int]:
+    def per_rank(n: int, step: str, what: str = "ours") -> list[int]:
         # The second cycle: the first one may pay one-off costs.
-        return sorted(r[1][step]["ours"] for r in reports[n])
+        return sorted(r[1][step][what] for r in reports[n])
 
     for step in ("destroy", "reload"):
         small, large = per_rank(2, step), per_rank(4, step)
@@ -162,6 +173,11 @@ def test_reads_per_rank_of_a_cycle_do_not_grow_with_the_world() -> None:
         assert large[:-1] == [small[0]] * (len(large) - 1), (step, small, large)
         assert large[-1] <= small[0] + 4, (step, small, large)
         assert sum(large) <= 2 * sum(small), (step, small, large)
+        # And the same bytes: the merged answer (group names packed as runs) does not grow
+        # with N, where every rank reading every entry would double them from 2 to 4 ranks.
+        small, large = per_rank(2, step, "ours_bytes"), per_rank(4, step, "ours_bytes")
+        assert large[:-1] == [large[0]] * (len(large) - 1), (step, small, large)
+        assert large[0] <= small[0] + 16, (step, small, large)
     # The temporary WORLD connects lazily: a swap reads nothing that grows with N.
     creations = {n: sorted(r[1]["destroy"]["creations"] for r in reports[n]) for n in sizes}
     assert creations[4] == creations[2][:1] * 4, creations

@@ -2,16 +2,19 @@
 
 Every training step pays one destroy and one reload on every rank, through the one store the
 world shares. An exchange where every rank reads every rank's entry costs the store server N²
-reads (37 s at 512 ranks measured here); here each rank writes its entry, bumps one counter and
-reads one key, and only the last rank to arrive (the one whose ``add`` returns the world size)
-reads the N entries, once, to write that key. The server does O(N) work in total.
+reads (37 s at 512 ranks measured here); here each rank appends its entry to one key, bumps one
+counter and reads one key, and only the last rank to arrive (the one whose ``add`` returns the
+world size) reads the N entries, once, in one value, to write that key. The server does O(N)
+work in total, and a round leaves no per-rank key behind: the last arriver deletes the entries
+and the counter once it has published the result, so the store does not grow with the cycles.
 
-Torch-free on purpose: it needs only an object with ``set``/``get``/``add``/``wait``/
-``multi_get``/``check`` (a ``TCPStore``, a ``PrefixStore``), so benchmarks drive it with threads.
+Torch-free on purpose: it needs only an object with ``set``/``add``/``append``/``wait``/
+``compare_set``/``delete_key``/``check`` (every torch store: ``TCPStore``, ``FileStore``,
+``HashStore``, ``PrefixStore``), so benchmarks drive it with threads.
 
 Ranks may arrive up to ``timeout`` apart. A rank that never arrives, or a store that goes away
 (the rank hosting it died), raises one ``RuntimeError`` naming the step, the cycle and, for a
-timeout, the ranks missing; only that error path looks at each rank's arrival key.
+timeout, the ranks missing (read from the one key of entries, on that error path only).
 """
 
 from __future__ import annotations
@@ -66,10 +69,41 @@ def _bytes(payload: Payload) -> bytes:
     return payload.encode() if isinstance(payload, str) else bytes(payload)
 
 
-def _missing(store: Any, arrival: Callable[[int], str], world_size: int) -> list[int] | None:
-    """The ranks whose arrival key is absent; None when the store cannot say (it is gone)."""
+#: The value ``_read`` compares against: whatever a key holds, ``compare_set`` then returns it.
+_ANY = b"\x00reloadpg_autopatch: read\x00"
+
+
+def _read(store: Any, key: str) -> bytes:
+    """The value of ``key``, which exists: one round trip (``get`` waits for it again first).
+
+    ``compare_set`` returns the current value and changes it only if it equals ``_ANY``, into
+    ``_ANY``: a read, whatever the key holds.
+    """
+    return bytes(store.compare_set(key, _ANY, _ANY))
+
+
+def _entry(rank: int, payload: bytes) -> bytes:
+    return rank.to_bytes(4, "big") + len(payload).to_bytes(8, "big") + payload
+
+
+def _entries(blob: bytes) -> dict[int, bytes]:
+    """The ``_entry`` records appended to one key, by rank (a rank twice: its last one)."""
+    out, at = {}, 0
+    while at + 12 <= len(blob):
+        size = int.from_bytes(blob[at + 4 : at + 12], "big")
+        out[int.from_bytes(blob[at : at + 4], "big")] = blob[at + 12 : at + 12 + size]
+        at += 12 + size
+    return out
+
+
+def _missing(store: Any, arrived: str, done: str, world_size: int) -> list[int] | None:
+    """The ranks with no entry in ``arrived``; None when the store cannot say (it is gone)."""
     try:
-        return [rank for rank in range(world_size) if not store.check([arrival(rank)])]
+        if store.check([arrived]):
+            present = _entries(_read(store, arrived))
+            return [rank for rank in range(world_size) if rank not in present]
+        # The entries go once the step completed: then nobody is missing; before, nobody came.
+        return [] if store.check([done]) else list(range(world_size))
     except Exception:  # the store itself failed: the caller says so
         return None
 
@@ -85,12 +119,11 @@ def _failure(
     world_size: int,
     timeout: timedelta,
     started: float,
-    arrival: Callable[[int], str],
 ) -> RendezvousError:
     """The error to raise when a store call failed during ``step``."""
     elapsed = time.monotonic() - started
     where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
-    missing = _missing(store, arrival, world_size)
+    missing = _missing(store, f"{key}/arrived", f"{key}/done", world_size)
     if missing is None:
         message = (
             f"{where}: the store is unreachable after {elapsed:.1f} s (the rank hosting it, "
@@ -110,6 +143,15 @@ def _failure(
     return RendezvousError(message, missing)
 
 
+def _tidy(store: Any, *keys: str) -> None:
+    """Delete keys nobody reads any more; a store that cannot only keeps them."""
+    for key in keys:
+        try:
+            store.delete_key(key)
+        except Exception as error:  # the step itself succeeded: never fail it for this
+            logger.debug("could not delete store key %r: %s", key, error)
+
+
 def _round(
     store: Any,
     key: str,
@@ -121,25 +163,41 @@ def _round(
     timeout: Timeout,
     step: str,
     cycle: str | None,
+    acknowledge: bool = False,
 ) -> bytes | None:
-    """One round trip: publish, count in, the last arriver combines, everyone reads once."""
+    """One round trip: publish, count in, the last arriver combines, everyone reads once.
+
+    Per rank: an ``append`` and a ``set`` send and wait for no answer; the ``add``, the
+    ``wait`` and the read are one round trip each. ``acknowledge``: every rank counts itself
+    out too (one more round trip), and the last one deletes the result, for results as large
+    as the entries (``exchange``); otherwise one small key per round stays in the store.
+    """
     wait_for = _timedelta(timeout)
     started = time.monotonic()
-
-    def arrival(r: int) -> str:
-        return f"{key}/arrived/{r}"
-
-    done = f"{key}/done"
+    arrived, count, done = f"{key}/arrived", f"{key}/count", f"{key}/done"
     try:
-        store.set(arrival(rank), payload)
-        if store.add(f"{key}/count", 1) == world_size:
+        # One key holds every entry: the last arriver reads them in one value, and deletes
+        # one key, not N. The server applies one client's requests in order, so a rank's
+        # entry is in before its count.
+        store.append(arrived, _entry(rank, payload))
+        if store.add(count, 1) == world_size:
             if combine is None:
                 store.set(done, b"1")
             else:
-                entries = store.multi_get([arrival(r) for r in range(world_size)])
-                store.set(done, _bytes(combine([bytes(e) for e in entries])))
+                entries = _entries(_read(store, arrived))
+                if len(entries) != world_size or any(r not in entries for r in range(world_size)):
+                    raise RuntimeError(
+                        f"{world_size} arrivals counted, entries from ranks {sorted(entries)}"
+                    )
+                store.set(done, _bytes(combine([entries[r] for r in range(world_size)])))
+            _tidy(store, arrived, count)  # every rank has counted in: nobody writes them again
         store.wait([done], wait_for)
-        return bytes(store.get(done)) if combine is not None else None
+        if combine is None:
+            return None
+        result = _read(store, done)
+        if acknowledge and store.add(f"{key}/read", 1) == world_size:
+            _tidy(store, done, f"{key}/read")  # every rank has read it
+        return result
     except Exception as error:
         raise _failure(
             store,
@@ -151,7 +209,6 @@ def _round(
             world_size=world_size,
             timeout=wait_for,
             started=started,
-            arrival=arrival,
         ) from error
 
 
@@ -167,12 +224,12 @@ def sync(
 ) -> None:
     """Wait until every rank reached ``key``: a barrier of 3 store operations per rank.
 
+    An ``append`` (no answer awaited), an ``add`` and a ``wait``: two round trips.
+
     ``key`` must be new to this cycle (``state.current().key(...)``); ``step`` names the step
     in errors (``"reload: created"``), ``cycle`` too (by default read from ``key``).
     """
-    _round(
-        store, key, rank, world_size, b"1", combine=None, timeout=timeout, step=step, cycle=cycle
-    )
+    _round(store, key, rank, world_size, b"", combine=None, timeout=timeout, step=step, cycle=cycle)
 
 
 def agree(
@@ -190,8 +247,8 @@ def agree(
     """Every rank gets ``merge(every rank's payload, in rank order)``, the same bytes on each.
 
     No rank returns before every rank has published, so what it learns is final. Per rank: 4
-    store operations and the payload and result in bytes; the last arriver adds one
-    ``multi_get`` of the N entries and runs ``merge``.
+    store operations (3 round trips) and the payload and result in bytes; the last arriver
+    adds one read of the N entries (one value), runs ``merge``, and deletes 2 keys.
     """
     result = _round(
         store,
@@ -236,11 +293,23 @@ def exchange(
     """Every member's ``payload`` in rank order (an all-gather through one store key).
 
     For handles every member needs all of (``ProcessGroup.reconfigure``): each member writes
-    one key and reads one key, instead of waiting on and reading every member's.
+    one entry and reads one key, instead of waiting on and reading every member's. The result
+    is as large as the entries, so every member also counts itself out and the last one
+    deletes it: 5 store operations per member, and nothing left in the store.
     """
-    blob = agree(
-        store, key, rank, world_size, payload, merge=_pack, timeout=timeout, step=step, cycle=cycle
+    blob = _round(
+        store,
+        key,
+        rank,
+        world_size,
+        _bytes(payload),
+        combine=_pack,
+        timeout=timeout,
+        step=step,
+        cycle=cycle,
+        acknowledge=True,
     )
+    assert blob is not None
     return _unpack(blob)
 
 
