@@ -20,7 +20,6 @@ import json
 import math
 import os
 import platform
-import queue
 import subprocess
 import sys
 import threading
@@ -78,6 +77,27 @@ class Counted:
         self.sent += sum(len(k) for k in keys)
         return self.inner.check(keys)
 
+    def append(self, key: str, value: bytes) -> None:
+        self.ops += 1
+        self.sent += len(key) + len(value)
+        self.inner.append(key, value)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        self.ops += 1
+        value = self.inner.compare_set(key, expected, desired)
+        self.sent += len(key) + len(expected) + len(desired)
+        self.received += len(value)
+        return value
+
+    def delete_key(self, key: str) -> bool:
+        self.ops += 1
+        self.sent += len(key)
+        self.received += 1
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
     def multi_get(self, keys: list[str]) -> list[bytes]:
         self.ops += 1
         values = self.inner.multi_get(keys)
@@ -115,11 +135,22 @@ def _all_to_all(store: Any, key: str, rank: int, world_size: int, payload: str) 
     return store.multi_get([f"{key}/{r}" for r in range(world_size)])
 
 
-#: Rank threads per process. Spreading them over processes would spare them one interpreter
-#: lock, but on this machine clients in another process than the store connect at a few per
-#: second (each connection's name lookup stalls), so by default every rank is a thread of the
-#: process hosting the store: the times include that lock, an upper bound.
-THREADS_PER_PROCESS = 4096
+#: Rank threads per process. A real rank is a process of its own; thousands of threads in one
+#: interpreter queue for its lock each time the store wakes them (4,096 in one process spent
+#: 5 to 28 s per cycle here, mostly in the kernel), which is the simulation's cost, not the
+#: rendezvous's. So the ranks are spread over processes of at most this many threads each,
+#: every one with its own client of the one server.
+THREADS_PER_PROCESS = 256
+
+#: Connect parallelism per process. Connecting is not timed.
+CONNECTORS = 64
+
+#: torch formats every client socket's address with a reverse name lookup, and reaches the
+#: IPv4 server through an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``), which no hosts file
+#: names: each connect asks DNS. Where DNS drops queries under load (this machine), a dropped
+#: one stalls a connect for the resolver's timeout (5 s, and 227 of 256 parallel connects
+#: stalled); a 1 s timeout and one attempt bound that. Connecting is not timed either way.
+RESOLVER = {"RES_OPTIONS": "timeout:1 attempts:1"}
 
 
 def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> None:
@@ -134,13 +165,12 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
     def connect(_: int) -> Counted:
         return Counted(dist.TCPStore("127.0.0.1", port, 1, is_master=False, timeout=timeout))
 
-    # Connecting is not timed; in parallel, the odd connect that stalls 5 s overlaps the rest.
-    with ThreadPoolExecutor(256) as pool:
+    with ThreadPoolExecutor(min(CONNECTORS, len(ranks))) as pool:
         clients = list(pool.map(connect, ranks))
     starts: list[float] = []
 
-    def begin() -> None:  # one thread per process, once its ranks are all at the line
-        start.wait()
+    def begin() -> None:  # one thread per process, once its ranks are all connected and here
+        start.wait()  # every process: the clock starts once all N ranks are connected
         starts.append(time.perf_counter())
 
     ends = [[0.0] * len(ranks) for _ in range(reps)]
@@ -198,39 +228,33 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
 def threads_point(world_size: int, reps: int, variant: str) -> dict[str, Any]:
     """One size: ``reps`` cycles of destroy barrier + reload agreement on ``world_size`` ranks.
 
-    The store server lives in this process (as in rank 0's); the ranks are threads, at most
-    ``THREADS_PER_PROCESS`` to a process, each with its own client.
+    The store server lives in this process (as in rank 0's); the ranks are threads of other
+    processes, at most ``THREADS_PER_PROCESS`` to a process, each with its own client.
     """
     import multiprocessing as mp
 
     import torch.distributed as dist
 
+    os.environ.update(RESOLVER)  # before any child starts: they inherit it
     server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     count = max(1, math.ceil(world_size / THREADS_PER_PROCESS))
     size = math.ceil(world_size / count)
     shards = [range(at, min(at + size, world_size)) for at in range(0, world_size, size)]
-    # torch looks up the name of each client socket; where no DNS answers (this machine), each
-    # lookup stalls for the resolver's timeout (5 s). Setting up is not timed: shorten it.
-    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
-    if len(shards) == 1:  # the ranks are threads of the process that hosts the store
-        inline: queue.Queue = queue.Queue()
-        _shard((server.port, world_size, shards[0], reps, variant), threading.Barrier(1), inline)
-        parts = [inline.get()]
-    else:
-        ctx = mp.get_context("spawn")
-        start, results = ctx.Barrier(len(shards)), ctx.Queue()
-        procs = [
-            ctx.Process(
-                target=_shard,
-                args=((server.port, world_size, shard, reps, variant), start, results),
-            )
-            for shard in shards
-        ]
-        for proc in procs:
-            proc.start()
-        parts = [results.get(timeout=1800) for _ in procs]
-        for proc in procs:
-            proc.join()
+    # Forked from one server that imported torch once: a child starts in milliseconds.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch.distributed", "reloadpg_autopatch.groups.rendezvous"])
+    start, results = ctx.Barrier(len(shards)), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_shard, args=((server.port, world_size, shard, reps, variant), start, results)
+        )
+        for shard in shards
+    ]
+    for proc in procs:
+        proc.start()
+    parts = [results.get(timeout=1800) for _ in procs]
+    for proc in procs:
+        proc.join()
     errors = [e for part in parts for e in part["errors"]]
     if errors:
         raise RuntimeError(f"{len(errors)} ranks failed, the first: {errors[0]}")
@@ -246,6 +270,7 @@ def threads_point(world_size: int, reps: int, variant: str) -> dict[str, Any]:
         "world_size": world_size,
         "variant": variant,
         "seconds": summarize(seconds).as_dict(),
+        "samples": seconds,
         "same_answer_everywhere": all(len(a) == 1 for a in answers),
         "payload_bytes": len(_payload(0, world_size)),
         "ops_per_rank": {"median": ops[len(ops) // 2], "max": ops[-1]},
@@ -290,22 +315,37 @@ def _threads_child(sizes: tuple[int, ...], reps: int, variant: str) -> list[dict
 
 
 def swap_points(sizes: tuple[int, ...], reps: int) -> dict[int, dict[str, Any]]:
-    """The temporary WORLD's swap on real gloo ranks: eager against lazy, per world size."""
+    """The temporary WORLD's swap on real gloo ranks: eager against lazy, per world size.
+
+    Per repetition: the slowest rank's wall time (of the whole destroy, and of creating the
+    temporary WORLD), the median rank's, and the most CPU time and sockets any rank spent
+    creating it. On a machine with fewer cores than ranks, the slowest rank's wall time also
+    counts the other ranks' CPU (they run at once); the CPU time and the sockets do not.
+    """
+    import statistics
+
     from reloadpg_autopatch.tools import launch
 
     command = [sys.executable, "-m", "benchmarks._swap_rank", "--reps", str(reps)]
     out = {}
     for n in sizes:
         outcomes = launch.launch(command, n, timeout=900, cwd=str(ROOT))
-        times: dict[str, dict[int, float]] = {}
+        samples: dict[tuple[str, int], list[dict[str, float]]] = {}
         for outcome in outcomes:
             for event in outcome.events:
                 if event["type"] == "time":
-                    for field, suffix in (("ms", ""), ("create_ms", " create")):
-                        per_rep = times.setdefault(event["variant"] + suffix, {})
-                        value = max(per_rep.get(event["rep"], 0.0), event[field])
-                        per_rep[event["rep"]] = value
-        out[n] = {v: summarize(list(t.values())).as_dict() for v, t in times.items()}
+                    samples.setdefault((event["variant"], event["rep"]), []).append(event)
+        per: dict[str, list[float]] = {}
+        for (variant, _), events in sorted(samples.items()):
+            for field, name, pick in (
+                ("ms", "", max),
+                ("create_ms", " create", max),
+                ("create_ms", " create median rank", statistics.median),
+                ("create_cpu_ms", " create cpu", max),
+                ("create_sockets", " create sockets", max),
+            ):
+                per.setdefault(variant + name, []).append(pick(e[field] for e in events))
+        out[n] = {name: summarize(values).as_dict() for name, values in per.items()}
     return out
 
 
@@ -355,14 +395,22 @@ def rows_of(raw: dict[str, Any]) -> list[Row]:
             )
         )
     for n, point in raw.get("swap", {}).items():
-        for suffix, what in ((" create", "creating the temporary WORLD"), ("", "whole destroy")):
-            eager, lazy = point["eager" + suffix], point["lazy" + suffix]
+        for suffix, what, unit in (
+            (" create", "creating the temporary WORLD, slowest rank", "ms"),
+            (" create median rank", "creating the temporary WORLD, median rank", "ms"),
+            (" create cpu", "creating the temporary WORLD, CPU time (most of any rank)", "ms"),
+            (" create sockets", "creating the temporary WORLD, sockets opened per rank", ""),
+            ("", "whole destroy, slowest rank", "ms"),
+        ):
+            eager, lazy = point.get("eager" + suffix), point.get("lazy" + suffix)
+            if eager is None or lazy is None:
+                continue
             rows.append(
                 Row(
                     "scale",
                     f"WORLD swap, {n} gloo ranks, {what}: lazy vs eager",
-                    f"lazy {lazy['median']:.1f} ms [{lazy['p25']:.1f}-{lazy['p75']:.1f}] vs "
-                    f"eager {eager['median']:.1f} ms [{eager['p25']:.1f}-{eager['p75']:.1f}]",
+                    f"lazy {lazy['median']:.1f}{unit} [{lazy['p25']:.1f}-{lazy['p75']:.1f}] vs "
+                    f"eager {eager['median']:.1f}{unit} [{eager['p25']:.1f}-{eager['p75']:.1f}]",
                     "-",
                     None,
                 )
