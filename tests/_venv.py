@@ -3,14 +3,21 @@
 A venv made with ``--system-site-packages`` by a Python that itself runs in a venv would see
 the *base* interpreter's site-packages, not the test environment's torch. So each venv here is
 bare (``--without-pip``: pip runs from the test environment with ``--python``) and gets a path
-file naming the test environment's site-packages, whose name sorts before
-``reloadpg_autopatch.pth``: torch and megatron-core are importable when our line runs.
+file whose name sorts before ``reloadpg_autopatch.pth``: torch and megatron-core are importable
+when our line runs.
+
+That file names a view of the test environment's site-packages (a folder of links to its
+entries, beside the venv) without any copy of this package: one installed there non-editable
+would make pip answer "already installed with the same version" and install nothing, and would
+come before an editable install's finder on ``sys.path``; either way a test would run the outer
+copy. ``Venv.install`` installs exactly the artifact it is given and checks where it imports from.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -90,9 +97,59 @@ class Venv:
             raise AssertionError(f"pip {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
         return proc
 
+    def install(self, target: Path, *, editable: bool = False) -> None:
+        """Install exactly ``target`` (a wheel, an sdist or, with ``editable``, a source tree).
 
-def make_venv(root: Path, *, reuse_test_packages: bool = True) -> Venv:
-    """A bare venv; with ``reuse_test_packages`` it also sees this environment's packages."""
+        ``--ignore-installed``: whatever this venv can see, pip neither skips the install nor
+        uninstalls anything outside it. Then the package must import from this venv (from
+        ``target`` when editable), as installed from ``target``.
+        """
+        flags = ["--no-deps", "--ignore-installed", *(["--editable"] if editable else [])]
+        self.pip("install", *flags, str(target))
+        found = self.script(_WHERE)
+        home = Path(target).resolve() if editable else self.purelib
+        expected = {
+            "site": str(self.purelib),
+            "url": Path(target).resolve().as_uri(),
+            "origin": str(home / "reloadpg_autopatch" / "__init__.py"),
+        }
+        got = {key: found[key] for key in expected}
+        if got != expected:
+            raise AssertionError(f"{target} is not what {self.root} imports: {got} != {expected}")
+
+
+# Where a venv finds the package, without importing it: its origin, the site directory of the
+# first installed copy importlib.metadata finds, and the artifact pip installed that copy from.
+_WHERE = r"""
+import importlib.metadata, importlib.util, json
+copy = importlib.metadata.distribution("reloadpg_autopatch")
+print(json.dumps({
+    "origin": importlib.util.find_spec("reloadpg_autopatch").origin,
+    "site": str(copy.locate_file("")),
+    "url": json.loads(copy.read_text("direct_url.json") or "{}").get("url"),
+}))
+"""
+
+
+def _ours(name: str) -> bool:
+    """Whether a site-packages entry is this package's: its code, metadata, site files, or an
+    editable install's path file and finder."""
+    name = re.sub(r"[-_.]+", "_", name.lower())
+    return name.startswith(("reloadpg_autopatch", "_editable_reloadpg_autopatch"))
+
+
+def outer_view(site: Path, into: Path) -> Path:
+    """A folder of links to the entries of ``site``, except this package's (see ``_ours``)."""
+    into.mkdir()
+    for entry in site.iterdir():
+        if not _ours(entry.name):
+            (into / entry.name).symlink_to(entry)
+    return into
+
+
+def make_venv(root: Path, *, reuse_test_packages: bool = True, outer: Path | None = None) -> Venv:
+    """A bare venv; with ``reuse_test_packages`` it also sees the packages of ``outer`` (this
+    environment's site-packages unless given), this package's own excepted."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     purelib = Path(
@@ -104,8 +161,11 @@ def make_venv(root: Path, *, reuse_test_packages: bool = True) -> Venv:
         ).stdout.strip()
     )
     if reuse_test_packages:
-        outer = sysconfig.get_paths()["purelib"]
-        (purelib / "00-reloadpg-test-outer-site.pth").write_text(outer + "\n", encoding="utf-8")
+        # Beside the venv, not in it: pip never uninstalls what lies outside the environment
+        # (a path that starts with the venv's own, like ROOT-outer-site, counts as inside).
+        site = outer or Path(sysconfig.get_paths()["purelib"])
+        view = outer_view(site, root.parent / f"outer-site-of-{root.name}")
+        (purelib / "00-reloadpg-test-outer-site.pth").write_text(f"{view}\n", encoding="utf-8")
     return Venv(root, python, purelib)
 
 

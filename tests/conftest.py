@@ -24,10 +24,14 @@ def pytest_report_header(config) -> str:
     # Without torch only the `startup` tests can run (`pytest -m startup`, `make test-startup`).
     if not TORCH_INSTALLED:
         return "torch: not installed; only the tests marked startup can run here (-m startup)"
-    try:
-        return f"torch: {version('torch')}"
-    except PackageNotFoundError:
-        return "torch: importable, version unknown"
+    # Each torch lane pins its megatron-core (the Makefile's MEGATRON_SPEC): say which it got.
+    found = []
+    for name in ("torch", "megatron-core"):
+        try:
+            found.append(f"{name}: {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name}: no version found")
+    return ", ".join(found)
 
 
 class _ModuleWithoutTorch(pytest.Module):
@@ -101,7 +105,7 @@ def installed(built, tmp_path_factory):
     from tests._venv import make_venv
 
     venv = make_venv(tmp_path_factory.mktemp("venv") / "installed")
-    venv.pip("install", "--no-deps", str(built["wheel"]))
+    venv.install(built["wheel"])
     return venv
 
 
@@ -111,5 +115,5 @@ def installed_without_torch(built, tmp_path_factory):
     from tests._venv import make_venv
 
     venv = make_venv(tmp_path_factory.mktemp("venv") / "without-torch", reuse_test_packages=False)
-    venv.pip("install", "--no-deps", str(built["wheel"]))
+    venv.install(built["wheel"])
     return venv

@@ -66,14 +66,14 @@ def check_uninstalled(venv: Venv, probe: str = PROBE) -> None:
 
 def test_wheel_install_and_uninstall(tmp_path) -> None:
     venv = make_venv(tmp_path / "wheel")
-    venv.pip("install", "--no-deps", str(ROOT))
+    venv.install(ROOT)
     check_installed(venv)
     check_uninstalled(venv)
 
 
 def test_editable_install_and_uninstall(tmp_path) -> None:
     venv = make_venv(tmp_path / "editable")
-    venv.pip("install", "--no-deps", "--editable", str(ROOT))
+    venv.install(ROOT, editable=True)
     assert any(p.name.startswith("__editable__") for p in venv.purelib.iterdir())
     check_installed(venv)
     check_uninstalled(venv)
@@ -110,7 +110,7 @@ print(json.dumps(out))
 def test_wheel_installs_and_starts_up_without_torch(built, tmp_path) -> None:
     # Built by this test run's Python, which in the start-up lanes is 3.10, 3.12 or 3.13.
     venv = make_venv(tmp_path / "no-torch", reuse_test_packages=False)
-    venv.pip("install", "--no-deps", str(built["wheel"]))
+    venv.install(built["wheel"])
     check_site_files(venv)
 
     on = venv.script(NO_TORCH_PROBE, SLIME_RELOADABLE_PG="1")
@@ -134,3 +134,54 @@ def test_wheel_installs_and_starts_up_without_torch(built, tmp_path) -> None:
     assert off["_stderr"] == ""
 
     check_uninstalled(venv, NO_TORCH_PROBE)
+
+
+# What the interpreter of a venv imports and finds, without running the package (the gate is
+# off): where the package comes from, each installed copy's site directory in the order
+# importlib.metadata finds them, and the first copy's direct_url.json (pip's note of the artifact).
+PROVENANCE = r"""
+import importlib.metadata as metadata, json
+import reloadpg_autopatch
+copies = list(metadata.distributions(name="reloadpg_autopatch"))
+print(json.dumps({
+    "file": reloadpg_autopatch.__file__,
+    "sites": [str(copy.locate_file("")) for copy in copies],
+    "direct_url": json.loads(copies[0].read_text("direct_url.json") or "null"),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def outer_with_the_package(built, tmp_path_factory) -> Venv:
+    """An environment that already holds the package, non-editable and at the same version."""
+    outer = make_venv(tmp_path_factory.mktemp("outer") / "outer", reuse_test_packages=False)
+    outer.install(built["wheel"])
+    assert (outer.purelib / "reloadpg_autopatch" / "__init__.py").is_file()
+    return outer
+
+
+@pytest.mark.startup
+@pytest.mark.parametrize("artifact", ["wheel", "sdist", "editable"])
+def test_a_venv_gets_exactly_the_artifact_whatever_is_installed_around_it(
+    artifact, built, outer_with_the_package, tmp_path
+) -> None:
+    # pip, asked for a wheel of a version the environment around already holds, says "already
+    # installed with the same version" and installs nothing; an editable copy comes after the
+    # outer site-packages on sys.path. Either way the venv would test the outer copy.
+    venv = make_venv(tmp_path / artifact, outer=outer_with_the_package.purelib)
+    target = ROOT if artifact == "editable" else built[artifact]
+    venv.install(target, editable=artifact == "editable")
+
+    found = venv.script(PROVENANCE)
+    assert found["sites"][0] == str(venv.purelib), found["sites"]
+    assert found["direct_url"]["url"] == target.resolve().as_uri()
+    if artifact == "editable":
+        assert found["direct_url"]["dir_info"] == {"editable": True}
+        assert found["file"] == str(ROOT / "reloadpg_autopatch" / "__init__.py")
+        return
+    assert found["file"] == str(venv.purelib / "reloadpg_autopatch" / "__init__.py")
+    if artifact == "wheel":  # every file the wheel holds, byte for byte
+        with zipfile.ZipFile(target) as wheel:
+            for name in wheel.namelist():
+                if ".dist-info/" not in name:
+                    assert (venv.purelib / name).read_bytes() == wheel.read(name), name
