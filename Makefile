@@ -1,11 +1,23 @@
 # Two commands for a newcomer: `make demo` runs the main job, `make test` runs the tests.
 # Both create a venv on first use and install what they need into it; nothing else is assumed.
-PYTHON ?= python3
-# The CPU build of torch 2.13.0; any other request pulls a multi-GB CUDA build.
+# Two torch lanes, each pinned whole: the default, torch 2.13.0 (the CPU build; any other request
+# pulls a multi-GB CUDA build) with megatron-core 0.16.1, the newest for Python 3.10 and 3.11; and
+# TORCH_SPEC=torch==2.14.1 on Python 3.12 with megatron-core 0.19.2, the newest (it needs 3.12).
+# Each default gives way to a value on the command line.
 TORCH_SPEC ?= torch==2.13.0
-# One venv per torch lane, so that switching lanes never reinstalls torch over the other one:
-# .venv for the default spec, .venv-torch2.14.1 for TORCH_SPEC=torch==2.14.1.
-VENV ?= $(if $(filter torch==2.13.0,$(TORCH_SPEC)),.venv,.venv-$(shell printf '%s' '$(TORCH_SPEC)' | tr -d '=' | tr -c 'A-Za-z0-9.+_-' '_'))
+LANE_214 := $(filter torch==2.14.1,$(TORCH_SPEC))
+PYTHON ?= $(if $(LANE_214),python3.12,python3)
+MEGATRON_DEFAULT := $(if $(LANE_214),megatron-core==0.19.2,megatron-core==0.16.1)
+MEGATRON_SPEC ?= $(MEGATRON_DEFAULT)
+# One venv per lane, so that switching lanes never reinstalls torch over another one: .venv for
+# the default lane, .venv-torch2.14.1-py3.12 for TORCH_SPEC=torch==2.14.1, and a name of its own
+# for any other torch, Python or megatron-core (`make test PYTHON=python3.10`).
+tag = $(shell printf '%s' '$(1)' | tr -d '=' | tr -c 'A-Za-z0-9.+_-' '_')
+PY_TAG = $(patsubst python%,py%,$(notdir $(PYTHON)))
+OWN_MEGATRON = $(filter-out $(MEGATRON_DEFAULT),$(MEGATRON_SPEC))
+LANE_VENV = .venv-$(call tag,$(TORCH_SPEC))-$(PY_TAG)$(addprefix -,$(call tag,$(OWN_MEGATRON)))
+LANE = $(TORCH_SPEC)/$(PYTHON)/$(MEGATRON_SPEC)
+VENV ?= $(if $(filter torch==2.13.0/python3/$(MEGATRON_DEFAULT),$(LANE)),.venv,$(LANE_VENV))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.reloadpg-installed
 
@@ -18,11 +30,13 @@ STARTUP_STAMP := $(STARTUP_VENV)/.reloadpg-installed
 .PHONY: install test test-startup demo bench lint
 
 # The editable install copies the .pth and .start into site-packages: reinstall when they change.
+# pyenv's shims run only the versions pyenv has selected; scripts/find-python asks pyenv for
+# the others (python3.12 for the torch 2.14.1 lane).
 $(STAMP): setup.cfg setup.py pyproject.toml reloadpg_autopatch.pth reloadpg_autopatch.start
-	$(PYTHON) -m venv $(VENV)
+	base=$$(scripts/find-python $(PYTHON)) && "$$base" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(PY) -m pip install --quiet -e ".[test,bench]" "$(MEGATRON_SPEC)"
 	touch $@
 
 install: $(STAMP)
@@ -30,8 +44,7 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# pyenv's shims run only the versions pyenv has selected; scripts/find-python asks pyenv for
-# the others. The package itself is not installed here: the tests build and install its wheel.
+# The package itself is not installed here: the tests build and install its wheel.
 $(STARTUP_STAMP):
 	base=$$(scripts/find-python $(PYTHON)) && "$$base" -m venv $(STARTUP_VENV)
 	$(STARTUP_PY) -m pip install --quiet --upgrade pip
