@@ -180,7 +180,14 @@ def _megatron() -> str | None:
         import megatron.core
     except ImportError:
         return None
-    return str(getattr(megatron.core, "__version__", "unknown"))
+    # The distribution's version: megatron-core 0.19.2's __version__ appends the commit of
+    # whatever git checkout holds the installed package (a venv inside a clone: that clone's).
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("megatron-core")
+    except PackageNotFoundError:  # imported from a source tree
+        return str(getattr(megatron.core, "__version__", "unknown"))
 
 
 def _free_mib(device: Any) -> float | None:
