@@ -57,7 +57,7 @@ def parse_min_free_gb(raw: str) -> float:
         value = float(raw.strip())
     except ValueError:
         value = -1.0
-    if not value >= 0 or value == float("inf"):
+    if not value >= 0:  # negative, or NaN
         raise ValueError(
             f"{MIN_FREE_ENV}={excerpt(raw)} is not a number of GiB; accepted: 0 (the memory "
             "guard off) or a positive number such as 3 or 1.5"

@@ -123,7 +123,7 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             return native
         wrapper = ReloadableProcessGroup(native, None, _record=record)
         if memory.get_memory_guard().every_call:
-            _arm(record)  # slime's behaviour checks from the first collective on
+            memory.arm(wrapper)  # slime's behaviour checks from the first collective on
         return wrapper
     if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None:
         registry.add(args, kwargs, seen.last, State.NON_MEMBER)
@@ -437,15 +437,6 @@ def _rebuild_in_place(record: Record, agreed: Agreement) -> None:
     record.move(State.LIVE)
 
 
-def _arm(record: Record) -> None:
-    """The memory guard runs before the first collective on a rebuilt group."""
-    wrapper = record.wrapper
-    if wrapper is not None:
-        device = memory.armed_device(record.native)
-        if device is not None:
-            wrapper.arm(device)
-
-
 def _replay_hooks(record: Record, native: Any) -> None:
     for entry in record.hooks:
         method, args, kwargs = entry
@@ -486,14 +477,11 @@ def reload_process_groups() -> None:
             swapped = world.swap_in(_destroy_world)
             world.rebuild_in_place()
         rebuilt: list[Any] = []
-        if swapped and world.registration() is not None:
-            stand_in = world.registration().stand_in
-            if stand_in is not None:
-                rebuilt.append(stand_in)
-                device = memory.armed_device(stand_in.group)
-                if device is not None:
-                    stand_in.arm(device)
-        elif world.registration() is not None and world.registration().in_place:
+        registered = world.registration()
+        if swapped and registered is not None and registered.stand_in is not None:
+            rebuilt.append(registered.stand_in)
+            memory.arm(registered.stand_in)
+        elif registered is not None and registered.in_place:
             rebuilt.append(c10d._get_default_group())
         taken_part: list[Any] = []
         names_of = {"rebuilt": [], "forgotten": [], "taken_part": []}
@@ -526,7 +514,7 @@ def reload_process_groups() -> None:
                     _serve(record, native)
                     record.move(State.LIVE)
                     _replay_hooks(record, native)
-                    _arm(record)
+                    memory.arm(record.wrapper)  # the guard checks before its first call
                     if record.held is not None:
                         rebuilt.append(record.held)
                     names_of["rebuilt"].append(str(record.name))

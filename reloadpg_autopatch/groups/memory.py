@@ -84,11 +84,13 @@ def default_probe(device: torch.device) -> MemoryFigures | None:
 
 def default_clear(device: torch.device) -> None:
     """Wait for the device's work, then hand the allocator's cached blocks back to it."""
+    if device.type == "cpu":
+        return
     module = _device_module(device.type)
-    for step in ("synchronize", "empty_cache"):
-        call = getattr(module, step, None)
-        if call is not None and device.type != "cpu":
-            call(device) if step == "synchronize" else call()
+    if hasattr(module, "synchronize"):
+        module.synchronize(device)
+    if hasattr(module, "empty_cache"):
+        module.empty_cache()
 
 
 def set_memory_probe(
@@ -141,14 +143,20 @@ def _arm_live_groups() -> None:
     from .record import State
 
     holder = state.current()
-    wrappers = [r.wrapper for r in holder.records if r.state is State.LIVE]
+    for record in holder.records:
+        if record.state is State.LIVE:
+            arm(record.wrapper)
     if holder.world is not None:
-        wrappers.append(holder.world.stand_in)
-    for wrapper in wrappers:
-        native = getattr(wrapper, "group", None)
-        device = device_of(native) if native is not None else None
-        if device is not None:
-            wrapper.arm(device)
+        arm(holder.world.stand_in)
+
+
+def arm(wrapper: Any) -> None:
+    """Have the guard check before ``wrapper``'s next call, if its group holds memory it can
+    ask about (None, a destroyed group, or the guard off: nothing)."""
+    native = getattr(wrapper, "group", None)
+    device = armed_device(native) if native is not None else None
+    if device is not None:
+        wrapper.arm(device)
 
 
 def _check_gb(value: Any) -> float:
@@ -270,12 +278,8 @@ def primary_device() -> torch.device | None:
         kind = sorted(types)[0]
         return _current(kind)
     for kind in ("cuda", "xpu"):
-        module = _device_module(kind)
-        try:
-            if module is not None and module.is_available():
-                return _current(kind)
-        except Exception as error:  # a broken device runtime: no figures, not a failure
-            logger.debug("%s is not usable for memory figures: %s", kind, error)
+        if _present(kind):
+            return _current(kind)
     return None
 
 

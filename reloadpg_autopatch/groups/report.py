@@ -92,26 +92,13 @@ class CycleReport:
 
     def summary(self, step: str) -> str:
         """One log line for ``step`` ("destroy" or "reload")."""
-        part = self.destroy if step == "destroy" else self.reload
-        assert part is not None
-        phases = ", ".join(f"{k} {v:.1f} ms" for k, v in part.phases.items())
-        counts = ", ".join(f"{k} {len(v)}" for k, v in part.groups.items())
-        line = f"cycle {self.cycle} {step}: {part.total_ms:.1f} ms ({phases}); groups {counts}"
-        points = MEMORY_POINTS[:2] if step == "destroy" else MEMORY_POINTS
-        shown = [
-            f"{p.replace('_', ' ')} {self.memory[p].free / memory.GiB:.2f} GiB"
-            for p in points
-            if self.memory[p] is not None
-        ]
-        if shown:
-            line += f"; free on {self.device}: " + ", ".join(shown)
-        return line
+        return describe(self.to_dict(), steps=(step,))
 
 
-def describe(report: dict[str, Any]) -> str:
-    """One line for a report's ``to_dict()`` (the demo and the doctor show it)."""
+def describe(report: dict[str, Any], steps: tuple[str, ...] = ("destroy", "reload")) -> str:
+    """One line for a report's ``to_dict()`` (the log, the demo and the doctor show it)."""
     parts = []
-    for step in ("destroy", "reload"):
+    for step in steps:
         part = report.get(step)
         if not part:
             continue
