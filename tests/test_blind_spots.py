@@ -273,18 +273,23 @@ def test_worlds_name_resolves_to_world_and_a_later_timeout_comes_back() -> None:
 # ---- 4. freed, not just unreachable --------------------------------------------------------
 
 
-def _shutdown_frees(ctx: Rank) -> dict:
-    """Gate off: does gloo's ProcessGroup.shutdown() close the group's sockets and threads?"""
+def _three_used_groups(dist: Any) -> tuple[tuple[int, int], list[Any], tuple[int, int]]:
+    """(sockets, threads) before, three pair groups that communicated once, and after."""
     import torch
-    import torch.distributed as dist
 
-    ctx.init(timeout=TIMEOUT.total_seconds())
     before = (_sockets(), _threads())
     groups = [dist.new_group([0, 1]) for _ in range(3)]
     for group in groups:
-        t = torch.ones(1)
-        dist.all_reduce(t, group=group)
-    created = (_sockets(), _threads())
+        dist.all_reduce(torch.ones(1), group=group)
+    return before, groups, (_sockets(), _threads())
+
+
+def _shutdown_frees(ctx: Rank) -> dict:
+    """Gate off: does gloo's ProcessGroup.shutdown() close the group's sockets and threads?"""
+    import torch.distributed as dist
+
+    ctx.init(timeout=TIMEOUT.total_seconds())
+    before, groups, created = _three_used_groups(dist)
     for group in groups:
         group.shutdown()
     dist.barrier()
@@ -300,17 +305,11 @@ def test_control_gloo_shutdown_keeps_sockets_and_threads() -> None:
 
 
 def _native_frees(ctx: Rank) -> dict:
-    import torch
 
     import reloadpg_autopatch as rpg
 
     dist = _start(ctx)
-    before = (_sockets(), _threads())
-    groups = [dist.new_group([0, 1]) for _ in range(3)]
-    for group in groups:
-        t = torch.ones(1)
-        dist.all_reduce(t, group=group)
-    created = (_sockets(), _threads())
+    before, groups, created = _three_used_groups(dist)
     rpg.destroy_process_groups()
     destroyed = (_sockets(), _threads())
     rpg.reload_process_groups()
