@@ -20,7 +20,7 @@ from tests._venv import ROOT, Venv, clean_env, make_venv
 # left out), and, when activation is on, the patch itself: the hook's callback is wrapped.
 IMPORT_PROBE = r"""
 import json, sys, time
-finder = [f for f in sys.meta_path if type(f).__module__ == "reloadpg_autopatch._startup.hook"]
+finder = [f for f in sys.meta_path if type(f).__module__ == "reloadpg_autopatch._startup.finder"]
 spent = []
 if finder:
     callback = finder[0].callback

@@ -229,7 +229,7 @@ def _parity_rank(argv: list[str]) -> int:
 
         # In native mode the group is torch's own: only the hook registers the pool again.
         record = getattr(group, "_record", None)
-        entries = [h for h in record.hooks if h[0] == pools.ENTRY] if record else []
+        entries = [h for h in record.replays if h[0] == pools.ENTRY] if record else []
         with torch.cuda.use_mem_pool(pool):
             x = torch.full((1 << 10,), 1.0, device=device)
         dist.all_reduce(x, group=group)

@@ -19,7 +19,9 @@ import json, sys
 print(json.dumps({
     "loaded": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
     "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
-    "hooked": any(type(f).__module__ == "reloadpg_autopatch._startup.hook" for f in sys.meta_path),
+    "hooked": any(
+        type(f).__module__ == "reloadpg_autopatch._startup.finder" for f in sys.meta_path
+    ),
 }))
 """
 
@@ -65,7 +67,7 @@ def test_processing_the_pth_twice_activates_once(installed) -> None:
     # A venv processes .pth files twice on some Pythons (cpython#75723); so can a re-run of site.
     source = (
         "import json, site, sys; site.addsitedir(sys.argv[1]); "
-        "print(json.dumps({'hooks': sum(type(f).__module__ == 'reloadpg_autopatch._startup.hook' "
+        "print(json.dumps({'hooks': sum(type(f).__module__ == 'reloadpg_autopatch._startup.finder' "
         "for f in sys.meta_path)}))"
     )
     for gate, warnings in (("1", 0), ("maybe", 1)):

@@ -351,7 +351,9 @@ def _before_init(ctx: Rank) -> dict:
             call()
             errors[label] = "no error"
         except Exception as error:
-            errors[label] = f"{type(error).__name__}: {error}"
+            # The package's own errors are RuntimeError subclasses (ReloadPGError): named so.
+            kind = "RuntimeError" if isinstance(error, RuntimeError) else type(error).__name__
+            errors[label] = f"{kind}: {error}"
     reloadpg_autopatch.destroy_process_groups()  # nothing to destroy: a no-op, not an error
     return errors
 
@@ -405,7 +407,7 @@ def _edge_cases(ctx: Rank) -> dict:
     out["after_world_destroyed"] = [
         dist.is_initialized(),
         [r.state.value for r in registry.records()],
-        reloadpg_autopatch.groups.world.is_registered(),
+        reloadpg_autopatch.groups.participants.is_registered(),
     ]
     return out
 

@@ -8,7 +8,7 @@ import pytest
 
 import reloadpg_autopatch
 from reloadpg_autopatch import _originals
-from reloadpg_autopatch.patching import state as patch_state
+from reloadpg_autopatch.patching import patchset as patch_state
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -69,7 +69,7 @@ def _source_params(func: object) -> list[ast.arg] | None:
 @pytest.fixture(scope="module")
 def torch_names(patched_world):
     from reloadpg_autopatch import _originals
-    from reloadpg_autopatch.patching import state
+    from reloadpg_autopatch.patching import patchset as state
 
     return _originals.snapshot()["namespace"], set(state.patched_names())
 

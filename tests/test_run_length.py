@@ -34,14 +34,55 @@ def _fork_cases(finder: Any, module_name: str) -> dict[str, tuple[Any, Any]]:
     import importlib
 
     import reloadpg_autopatch as rpg
-    from reloadpg_autopatch.groups import registry
-    from reloadpg_autopatch.patching import state
+    from reloadpg_autopatch.groups import process, registry, settings
+    from reloadpg_autopatch.patching import patchset as state
 
     return {
         "patch": (lambda: state.LOCK, rpg.monkey_patch_torch_dist),
         "finder": (lambda: finder._lock, lambda: importlib.import_module(module_name)),
         "registry": (registry.lock, rpg.destroy_process_groups),
+        "settings": (lambda: settings.current().lock, lambda: rpg.set_reload_mode("wrapper")),
+        "holder": (lambda: process._CREATE, process.current),
     }
+
+
+def _every_public_call(group: Any) -> list[str]:
+    """Call every public function that a forked child may call; return what failed.
+
+    The child holds none of its parent's groups: its cycle report is None, destroy and reload
+    do nothing, and the program's choices (mode, policy, guard, hooks) are its parent's.
+    """
+    import reloadpg_autopatch as rpg
+
+    failed = []
+    handle = None
+    calls = {
+        "monkey_patch_torch_dist": rpg.monkey_patch_torch_dist,
+        "is_patched": lambda: rpg.is_patched() or 1 / 0,
+        "patched_names": lambda: rpg.patched_names() or 1 / 0,
+        "rebind": rpg.rebind,
+        "find_stale": rpg.find_stale,
+        "unwrap": lambda: rpg.unwrap(group),
+        "reloadable_groups": rpg.reloadable_groups,
+        "destroy_process_groups": rpg.destroy_process_groups,
+        "reload_process_groups": rpg.reload_process_groups,
+        "set_wrap_policy": lambda: rpg.set_wrap_policy(rpg.get_wrap_policy()),
+        "set_reload_mode": lambda: rpg.set_reload_mode(rpg.get_reload_mode()),
+        "set_memory_guard": lambda: rpg.set_memory_guard(rpg.get_memory_guard().min_free_gb),
+        "set_memory_probe": lambda: rpg.set_memory_probe(None),
+        "last_cycle_report is None": lambda: rpg.last_cycle_report() is None or 1 / 0,
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except Exception as error:
+            failed.append(f"{name}: {type(error).__name__}: {error}")
+    try:
+        handle = rpg.add_reload_hook(after_reload=lambda groups: None, name="child")
+        handle.remove()
+    except Exception as error:
+        failed.append(f"add_reload_hook: {type(error).__name__}: {error}")
+    return failed
 
 
 class _NativeSpy:
@@ -554,10 +595,13 @@ def _fork_with_lock_held(ctx: Rank, role: str) -> dict:
     import threading
     import time
 
-    from reloadpg_autopatch._startup import hook
+    import reloadpg_autopatch as rpg
+    from reloadpg_autopatch._startup import finder as hook
 
     dist = ctx.patched("all")
     group = dist.new_group([0])
+    rpg.destroy_process_groups()  # the parent has a cycle report; the child must not
+    rpg.reload_process_groups()
     module_name = next(m for m in _UNIMPORTED if m not in sys.modules)
     fired: list[str] = []
     finder = hook.install(module_name, lambda: fired.append(module_name))
@@ -585,7 +629,12 @@ def _fork_with_lock_held(ctx: Rank, role: str) -> dict:
             except Exception as error:
                 outcome = f"{type(error).__name__}: {error}"
             kept = group.group is not None
-            view = {"outcome": outcome, "fired": fired, "parent_group_kept": kept}
+            view = {
+                "outcome": outcome,
+                "fired": fired,
+                "parent_group_kept": kept,
+                "public": _every_public_call(group),
+            }
             os.write(write_end, json.dumps(view).encode())
         finally:
             os._exit(0)
@@ -607,11 +656,16 @@ def _fork_with_lock_held(ctx: Rank, role: str) -> dict:
     return {"child": child, "module": module_name, "parent_s": time.monotonic() - started}
 
 
-@pytest.mark.parametrize("role", ["patch", "finder", "registry"])
+@pytest.mark.parametrize("role", ["patch", "finder", "registry", "settings", "holder"])
 def test_a_forked_child_can_take_every_lock(role: str) -> None:
-    """A fork taken while another thread holds a lock copies it held, with no one to release it."""
+    """A fork taken while another thread holds a lock copies it held, with no one to release it.
+
+    Every lock of the package is re-made in a forked child: the child can still use every
+    public function, and its cycle report is None (its parent's cycles are not its own).
+    """
     (report,) = run_ranks(functools.partial(_fork_with_lock_held, role=role), 1, timeout=120)
     assert report["child"]["outcome"] == "ok", report["child"]["outcome"]
+    assert report["child"]["public"] == [], report["child"]["public"]
     if role == "finder":
         assert report["child"]["fired"] == [report["module"]]  # the hook still works there
     assert report["child"]["parent_group_kept"]

@@ -18,7 +18,7 @@ import pytest
 
 from tests._ranks import HOST, Rank, run_ranks
 
-#: A key of ours: ``reloadpg_autopatch/<epoch>/<generation>/<step>/...`` under torch's prefixes.
+#: A key of ours: ``reloadpg_autopatch/<cycle>/<step n>/<kind>/...`` under torch's prefixes.
 _OURS = re.compile(r"reloadpg_autopatch/\d+/\d+/([^/]+)/")
 
 
@@ -296,7 +296,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout() -> None:
         assert isinstance(error, rendezvous.RendezvousError), (rank, outcome)
         text = str(error)
         assert "ranks 2" in text, text
-        assert "world 3, cycle 7" in text, text
+        assert "cycle 3, step 7" in text, text  # the key's cycle and step, which every rank shares
         assert ("reload: sync" if rank % 2 else "reload: agreement") in text, text
         assert error.missing == [absent]
         assert error.__cause__ is not None

@@ -1,1 +1,1 @@
-"""Start-up: the gate, the import hook and the site files. Imports ``os``, ``sys`` and ``_env``."""
+"""Start-up: the gate, the import finder and the site files. Imports ``os``, ``sys``, ``_env``."""

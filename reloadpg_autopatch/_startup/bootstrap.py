@@ -1,4 +1,4 @@
-"""Start-up activation: read the gate, install the import hook, never raise.
+"""Start-up activation: read the gate, install the import finder, never raise.
 
 This module is imported by the ``.pth`` line (and called through the PEP 829 ``.start`` entry
 point) in every Python process of an image where the gate is on, so it imports only ``os`` and
@@ -114,9 +114,9 @@ def patch_now() -> bool:
 
         apply.patch(_valid_rebind_prefixes(), load_dynamo_table=False)
         if dynamo.MODULE not in sys.modules:
-            from . import hook
+            from . import finder
 
-            hook.install(dynamo.MODULE, _register_with_dynamo)
+            finder.install(dynamo.MODULE, _register_with_dynamo)
     except Exception as error:
         message = (
             "patching torch.distributed failed, it stays unpatched: "
@@ -159,7 +159,7 @@ def _register_with_dynamo() -> None:
 
 def _rebind_on_import(module: object) -> None:
     """Sweep a module under ``SLIME_RELOADABLE_PG_REBIND`` as soon as it has executed."""
-    if "reloadpg_autopatch.patching.state" not in sys.modules:
+    if "reloadpg_autopatch.patching.patchset" not in sys.modules:
         return  # not patched yet: the patch sweeps every module already loaded
     from ..patching import sweep
 
@@ -177,9 +177,9 @@ def _watch_rebind_prefixes() -> None:
         return  # reported when it patches, which then sweeps the default prefixes
     if "*" in items:
         return  # swept by the patch itself: every module is already loaded or is torch's
-    from . import hook
+    from . import finder
 
-    hook.watch(items, _rebind_on_import)
+    finder.watch(items, _rebind_on_import)
 
 
 def activate(source: str) -> None:
@@ -201,11 +201,11 @@ def activate(source: str) -> None:
     if module is not None and getattr(module, "__spec__", None) is not None:
         patch_now()
         return
-    from . import hook
+    from . import finder
 
     # The patch is built from our own modules: if one of them is what imports torch, wait
     # until it has finished importing.
-    hook.install("torch.distributed", patch_now, defer_prefix=_PACKAGE + ".")
+    finder.install("torch.distributed", patch_now, defer_prefix=_PACKAGE + ".")
 
 
 def activate_from_site() -> None:

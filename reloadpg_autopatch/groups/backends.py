@@ -9,9 +9,6 @@ no list of names to keep up to date.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,43 +44,3 @@ def device_backends(group: Any) -> Iterator[tuple[Any, Any]]:
         except RuntimeError:  # torch has no backend for that device (yet, or any more)
             continue
         yield device, backend
-
-
-#: gloo's switch for connecting pairs on first use instead of a full mesh at creation (read
-#: when the group's device is created, on torch 2.13 and 2.14 alike).
-LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"
-
-
-_lazy_lock = threading.Lock()
-_lazy_depth = 0
-_lazy_saved: str | None = None
-
-
-@contextlib.contextmanager
-def lazy_gloo(enabled: bool = True) -> Iterator[None]:
-    """gloo groups created in the block connect a pair only when it first communicates.
-
-    The temporary WORLD of a swap is rarely used: created eagerly, it costs every rank a
-    connection to every other rank (N² in all) each cycle, for nothing. The variable is put
-    back exactly as it was, set or unset, also when ranks run as threads of one process (the
-    first to enter saves it, the last to leave restores it).
-    """
-    global _lazy_depth, _lazy_saved
-    if not enabled:
-        yield
-        return
-    with _lazy_lock:
-        if _lazy_depth == 0:
-            _lazy_saved = os.environ.get(LAZY_GLOO)
-        _lazy_depth += 1
-        os.environ[LAZY_GLOO] = "1"
-    try:
-        yield
-    finally:
-        with _lazy_lock:
-            _lazy_depth -= 1
-            if _lazy_depth == 0:
-                if _lazy_saved is None:
-                    os.environ.pop(LAZY_GLOO, None)
-                else:
-                    os.environ[LAZY_GLOO] = _lazy_saved

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ..errors import PeerMissingError, ReloadPGError, format_ranks
+
 logger = logging.getLogger("reloadpg_autopatch")
 
 #: How long a failed rank waits for its peers' marks before naming the missing ones.
@@ -54,16 +56,19 @@ def failure(
     timeout: timedelta,
     started: float,
     error: BaseException,
-) -> RuntimeError:
-    """The error for a creation that failed: the step, the cycle, who was not there, and why."""
+) -> ReloadPGError:
+    """The error for a creation that failed: the step, the cycle, who was not there, and why.
+
+    A ``PeerMissingError`` like a store step's when some member never came (``missing``) or
+    the store is gone (``missing`` empty); a plain ``ReloadPGError`` when every member failed.
+    """
     elapsed = time.monotonic() - started
     missing = _unmarked(store, key, ranks, rank)
     if missing is None:
         why = "the store is unreachable (the rank hosting it, usually rank 0, may have died)"
     elif missing:
-        shown = ", ".join(map(str, missing[:32])) + (" ..." if len(missing) > 32 else "")
         why = (
-            f"ranks {shown} did not arrive or died (this rank waited up to "
+            f"ranks {format_ranks(missing)} did not arrive or died (this rank waited up to "
             f"{timeout.total_seconds():g} s, WORLD's timeout)"
         )
     else:
@@ -73,4 +78,6 @@ def failure(
         f"reach it at the same point of its program. torch said: {type(error).__name__}: {error}"
     )
     logger.error("%s", message)
-    return RuntimeError(message)
+    if missing == []:
+        return ReloadPGError(message)
+    return PeerMissingError(message, missing or (), step)

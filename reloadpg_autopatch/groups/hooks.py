@@ -12,11 +12,12 @@ other hook runs, and then ``ReloadHookError`` names the hook and carries its err
 
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
+
+from ..errors import ReloadHookError
+from . import settings
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -25,8 +26,7 @@ Hook = Callable[[list[Any]], Any]
 PHASES = ("before_destroy", "after_reload")
 
 
-class ReloadHookError(RuntimeError):
-    """A reload hook raised; the destroy or reload it ran in completed on this rank."""
+__all__ = ["ReloadHookError", "ReloadHookHandle", "add_reload_hook", "registered", "run"]
 
 
 class ReloadHookHandle:
@@ -37,16 +37,12 @@ class ReloadHookHandle:
         self.name = name
 
     def remove(self) -> None:
-        with _lock:
-            _hooks.pop(self._key, None)
+        held = settings.current()
+        with held.lock:
+            held.hooks.pop(self._key, None)
 
     def __repr__(self) -> str:
         return f"<ReloadHookHandle {self.name!r}>"
-
-
-_lock = threading.Lock()
-_hooks: dict[int, tuple[str, Hook | None, Hook | None]] = {}
-_keys = itertools.count()
 
 
 def _name_of(hook: Any) -> str:
@@ -77,23 +73,26 @@ def add_reload_hook(
         name = _name_of(before_destroy if before_destroy is not None else after_reload)
     elif not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
-    with _lock:
-        key = next(_keys)
-        _hooks[key] = (name, before_destroy, after_reload)
+    held = settings.current()
+    with held.lock:
+        key = next(held.keys)
+        held.hooks[key] = (name, before_destroy, after_reload)
     return ReloadHookHandle(key, name)
 
 
 def registered() -> list[str]:
     """The names of the hooks registered now, in registration order."""
-    with _lock:
-        return [entry[0] for entry in _hooks.values()]
+    held = settings.current()
+    with held.lock:
+        return [entry[0] for entry in held.hooks.values()]
 
 
 def run(phase: str, groups: list[Any]) -> list[tuple[str, BaseException]]:
     """Run every hook of ``phase``; return the failures as ``(name, error)``, in order."""
     index = PHASES.index(phase) + 1
-    with _lock:
-        chosen = [(entry[0], entry[index]) for entry in _hooks.values() if entry[index]]
+    held = settings.current()
+    with held.lock:
+        chosen = [(entry[0], entry[index]) for entry in held.hooks.values() if entry[index]]
     failures = []
     for name, hook in chosen:
         try:

@@ -1,28 +1,19 @@
-"""Accelerator memory: the query, the guard before a reloaded group's first collective, notes.
+"""Accelerator memory: the query, the device a group's memory is on, and notes on errors.
 
-NCCL allocates a communicator's buffers when the group first communicates, which after a reload
-is the first collective on each group. slime checks free memory before every collective and,
-below a threshold, collects garbage and empties the allocator's cache so that NCCL finds room;
-that costs a device query per call. Here a reload *arms* each rebuilt group, and only the first
-collective on an armed group pays the check (``ReloadableProcessGroup``'s fast slot is empty
-while armed, so the check sits on the slow path that the wrappers take anyway for such a group).
-
-The query is replaceable (``set_memory_probe``): CPU has no accelerator memory to ask about,
-so tests supply a probe, and so can a framework with its own accounting.
+CPU has no accelerator memory to ask about, and a framework may keep its own accounting, so
+the query is replaceable (``set_memory_probe``). The guard that acts on the figures (before a
+reloaded group's first collective) is ``guard``; the cycle report records them (``report``).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
 
-from .. import _env
+from . import settings
 from .backends import holds_accelerator_memory
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -48,22 +39,7 @@ class MemoryFigures(NamedTuple):
         return dict(self._asdict())
 
 
-class MemoryGuard(NamedTuple):
-    """The guard's settings: the free memory it wants, and whether it checks every call."""
-
-    min_free_gb: float
-    every_call: bool
-
-
 Probe = Callable[["torch.device"], "MemoryFigures | None"]
-
-DEFAULT_MIN_FREE_GB = 3.0  # slime's threshold
-
-_lock = threading.Lock()
-_guard: MemoryGuard | None = None  # None: not read from the environment yet
-_probe: Probe | None = None
-_probe_types: frozenset[str] | None = None  # None: every type but the CPU
-_clear: Callable[[torch.device], None] | None = None
 
 
 def _device_module(device_type: str) -> Any:
@@ -106,7 +82,6 @@ def set_memory_probe(
     guard does after ``gc.collect()`` when memory is low (default: synchronize and empty the
     device's cache).
     """
-    global _probe, _probe_types, _clear
     if probe is not None and not callable(probe):
         raise TypeError(f"set_memory_probe() takes a callable or None, got {type(probe).__name__}")
     if clear is not None and not callable(clear):
@@ -116,102 +91,20 @@ def set_memory_probe(
         if isinstance(device_types, str):
             device_types = (device_types,)
         types = frozenset(str(t) for t in device_types)
-    with _lock:
-        _probe, _probe_types, _clear = probe, types, clear
-
-
-def set_memory_guard(min_free_gb: float = DEFAULT_MIN_FREE_GB, *, every_call: bool = False) -> None:
-    """Check free accelerator memory before a reloaded group's first collective.
-
-    Below ``min_free_gb`` GiB free, the guard collects garbage and empties the allocator's
-    cache; ``0`` turns it off. ``every_call=True`` checks before every collective on an
-    accelerator group, as slime does (a device query per call).
-    """
-    global _guard
-    value = _check_gb(min_free_gb)
-    if not isinstance(every_call, bool):
-        raise TypeError(f"every_call must be True or False, got {every_call!r}")
-    with _lock:
-        _guard = MemoryGuard(value, every_call)
-    if every_call and value > 0:
-        _arm_live_groups()
-
-
-def _arm_live_groups() -> None:
-    """Every call is checked from now on: arm the live reloadable groups (and WORLD's)."""
-    from . import state
-    from .record import State
-
-    holder = state.current()
-    for record in holder.records:
-        if record.state is State.LIVE:
-            arm(record.wrapper)
-    if holder.world is not None:
-        arm(holder.world.stand_in)
-
-
-def arm(wrapper: Any) -> None:
-    """Have the guard check before ``wrapper``'s next call, if its group holds memory it can
-    ask about (None, a destroyed group, or the guard off: nothing)."""
-    native = getattr(wrapper, "group", None)
-    device = armed_device(native) if native is not None else None
-    if device is not None:
-        wrapper.arm(device)
-
-
-def _check_gb(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"min_free_gb must be a number of GiB (0 turns the guard off), got {value!r}"
-        )
-    if not value >= 0:  # also NaN
-        raise ValueError(f"min_free_gb must be 0 (off) or more GiB, got {value!r}")
-    return float(value)
+    held = settings.current()
+    with held.lock:
+        held.probe, held.probe_types, held.clear = probe, types, clear
 
 
 def probe_is_default() -> bool:
     """Whether the memory figures come from torch's own query (no ``set_memory_probe``)."""
-    return _probe is None
+    return settings.current().probe is None
 
 
-def get_memory_guard() -> MemoryGuard:
-    """The guard's settings now (from the environment until ``set_memory_guard``)."""
-    global _guard
-    guard = _guard
-    if guard is None:
-        guard = _from_environment()
-        with _lock:
-            if _guard is None:
-                _guard = guard
-            guard = _guard
-    return guard
-
-
-def _from_environment() -> MemoryGuard:
-    """``SLIME_RELOADABLE_PG_MIN_FREE_GB`` and ``..._MEMORY_GUARD_EVERY_CALL``; bad values warn."""
-    min_free = DEFAULT_MIN_FREE_GB
-    raw = os.environ.get(_env.MIN_FREE_ENV)
-    if raw is not None and raw.strip():
-        try:
-            min_free = _env.parse_min_free_gb(raw)
-        except ValueError as error:
-            logger.warning("%s; using the default, %s GiB", error, DEFAULT_MIN_FREE_GB)
-    every = False
-    raw = os.environ.get(_env.EVERY_CALL_ENV)
-    if raw is not None:
-        value = raw.strip().lower()
-        if value in _env.ON_VALUES:
-            every = True
-        elif value not in _env.OFF_VALUES:
-            logger.warning(
-                "%s=%s is not understood; accepted: %s (on) or %s (off); the guard checks "
-                "once per group after each reload",
-                _env.EVERY_CALL_ENV,
-                _env.excerpt(raw),
-                ", ".join(_env.ON_VALUES),
-                ", ".join(repr(v) for v in _env.OFF_VALUES),
-            )
-    return MemoryGuard(min_free, every)
+def clear(device: torch.device) -> None:
+    """Make room on ``device``: the ``clear`` given to ``set_memory_probe``, or the default."""
+    chosen = settings.current().clear or default_clear
+    chosen(device)
 
 
 def device_of(native: Any) -> torch.device | None:
@@ -221,7 +114,7 @@ def device_of(native: Any) -> torch.device | None:
     (``nccl``, not ``gloo``, which also lists ``cuda``), where that device is present. With a
     supplied probe: the first of the group's device types it answers for.
     """
-    types = _probe_types
+    types = settings.current().probe_types
     try:
         device_types = native._device_types
         backend = native._get_backend_name() if types is None else None
@@ -262,7 +155,7 @@ def figures(device: torch.device | None) -> MemoryFigures | None:
     """The probe's figures for ``device`` (None: no device, no figures, or the query failed)."""
     if device is None:
         return None
-    probe = _probe or default_probe
+    probe = settings.current().probe or default_probe
     try:
         result = probe(device)
     except Exception as error:
@@ -273,7 +166,7 @@ def figures(device: torch.device | None) -> MemoryFigures | None:
 
 def primary_device() -> torch.device | None:
     """The device a cycle report gives figures for: the current accelerator, or the probe's."""
-    types = _probe_types
+    types = settings.current().probe_types
     if types is not None:
         kind = sorted(types)[0]
         return _current(kind)
@@ -281,37 +174,6 @@ def primary_device() -> torch.device | None:
         if _present(kind):
             return _current(kind)
     return None
-
-
-def armed_device(native: Any) -> torch.device | None:
-    """The device to check before ``native``'s first collective after a reload, if any."""
-    if get_memory_guard().min_free_gb <= 0:
-        return None
-    return device_of(native)
-
-
-def check(device: torch.device, label: str) -> None:
-    """The guard: below the threshold, collect garbage and empty the device's cache."""
-    guard = get_memory_guard()
-    if guard.min_free_gb <= 0:
-        return
-    now = figures(device)
-    if now is None or now.free >= guard.min_free_gb * GiB:
-        return
-    logger.info(
-        "%.2f GiB free on %s before the first collective on %s (below %.2f GiB): collecting "
-        "garbage and emptying the cache",
-        now.free / GiB,
-        device,
-        label,
-        guard.min_free_gb,
-    )
-    gc.collect()
-    clear = _clear or default_clear
-    try:
-        clear(device)
-    except Exception as error:
-        logger.warning("emptying the cache of %s failed: %s", device, error)
 
 
 NOTE_PREFIX = "reloadpg_autopatch: accelerator memory"

@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 from .._env import MODE_ENV, MODES
+from ..errors import ModeRefusedError
+from . import settings
 from .backends import device_backends
 
 logger = logging.getLogger("reloadpg_autopatch")
-
-_mode: str | None = None
 
 
 def _checked(mode: object) -> str:
@@ -34,14 +34,17 @@ def _checked(mode: object) -> str:
 
 def set_reload_mode(mode: str) -> None:
     """Choose how new reloadable groups reload: ``"wrapper"``, ``"native"`` or ``"auto"``."""
-    global _mode
-    _mode = _checked(mode)
+    chosen = _checked(mode)
+    held = settings.current()
+    with held.lock:
+        held.mode = chosen
 
 
 def get_reload_mode() -> str:
     """The mode in force: set by ``set_reload_mode``, else ``SLIME_RELOADABLE_PG_MODE``."""
-    if _mode is not None:
-        return _mode
+    chosen = settings.current().mode
+    if chosen is not None:
+        return chosen
     raw = os.environ.get(MODE_ENV, "").strip()
     if not raw:
         return "wrapper"
@@ -120,7 +123,7 @@ def reloads_in_place(group: Any) -> bool:
     if refusal is None:
         return True
     if mode == "native":
-        raise RuntimeError(
+        raise ModeRefusedError(
             f"{MODE_ENV}=native (or set_reload_mode('native')) but group "
             f"{getattr(group, 'group_name', '?')!r} cannot be reloaded in place: {refusal}; "
             "use mode 'auto' to reload such groups behind a wrapper, or 'wrapper' for all"

@@ -13,6 +13,7 @@ from typing import Union
 
 import torch.distributed as dist
 
+from . import settings
 from .backends import holds_accelerator_memory
 
 
@@ -29,7 +30,6 @@ PolicyCallable = Callable[[GroupSpec], bool]
 Policy = Union[str, PolicyCallable]
 
 POLICIES = ("auto", "all", "none")
-_policy: Policy = "auto"
 
 
 def set_wrap_policy(policy: Policy) -> None:
@@ -39,23 +39,24 @@ def set_wrap_policy(policy: Policy) -> None:
     once WORLD is registered; ``"all"``: every group; ``"none"``: none (the patch then only
     unwraps); or a callable taking a ``GroupSpec`` and returning whether to wrap.
     """
-    global _policy
     if not (callable(policy) or policy in POLICIES):
         raise ValueError(
             f"wrap policy must be one of {', '.join(map(repr, POLICIES))} or a callable "
             f"taking a GroupSpec, got {policy!r}"
         )
-    _policy = policy
+    held = settings.current()
+    with held.lock:
+        held.policy = policy
 
 
 def get_wrap_policy() -> Policy:
     """The policy in force in this process."""
-    return _policy
+    return settings.current().policy
 
 
 def should_wrap(ranks: Sequence[int] | None, backend: object, world_registered: bool) -> bool:
     """Apply the policy in force to a group with these ranks and this (resolved) backend."""
-    policy = _policy
+    policy = settings.current().policy
     if policy == "all":
         return True
     if policy == "none":

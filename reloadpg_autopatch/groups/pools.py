@@ -7,28 +7,29 @@ class with ``register_mem_pool`` is seen, the class's ``register_mem_pool`` and
 ``deregister_mem_pool`` are taught to tell the group's record, and reload replays what is still
 registered on the new backend. Backends that were not handed out by a reloadable group behave
 exactly as before.
+
+What this process handed out and registered again is per process (``process.ProcessState``:
+``handed``, ``replayed``); what a class was taught is kept on the class itself, so a forked
+child, whose classes are the parent's, never teaches one twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from typing import Any
 
+from . import process
 from .record import Record
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-#: ``id(backend)`` -> (backend, record, device): the backends reloadable groups handed out.
-_handed: dict[int, tuple[Any, Record, Any]] = {}
-_patched: set[type] = set()
-_lock = threading.Lock()
-
 REGISTER = "register_mem_pool"
 DEREGISTER = "deregister_mem_pool"
-#: The entry a registration leaves in ``Record.hooks``.
+#: The entry a registration leaves in ``Record.replays``.
 ENTRY = "backend.register_mem_pool"
+#: Set on a class once taught: its own ``(register_mem_pool, deregister_mem_pool)``.
+ORIGINALS = "__reloadpg_mem_pool_originals__"
 
 
 def track(backend: Any, record: Record, device: Any) -> None:
@@ -36,35 +37,41 @@ def track(backend: Any, record: Record, device: Any) -> None:
     cls = type(backend)
     if not hasattr(cls, REGISTER):
         return
-    with _lock:
-        if len(_handed) > 1024:  # backends of destroyed incarnations: drop the dead ones
-            for key in [k for k, v in _handed.items() if v[1].native is None]:
-                del _handed[key]
-        _handed[id(backend)] = (backend, record, device)
-        if cls not in _patched:
-            _patched.add(cls)
+    holder = process.current()
+    with holder.lock:
+        handed = holder.handed
+        if len(handed) > 1024:  # backends of destroyed incarnations: drop the dead ones
+            for key in [k for k, v in handed.items() if v[1].native is None]:
+                del handed[key]
+        handed[id(backend)] = (backend, record, device)
+        if ORIGINALS not in cls.__dict__:
             with contextlib.suppress(TypeError, AttributeError):  # takes no new attributes
                 _teach(cls)
 
 
 def _owner(backend: Any) -> tuple[Record, Any] | None:
-    entry = _handed.get(id(backend))
+    entry = process.current().handed.get(id(backend))
     if entry is None or entry[0] is not backend:
         return None
     return entry[1], entry[2]
 
 
-#: The class's own ``(register_mem_pool, deregister_mem_pool)``, for the lifecycle's calls.
-_originals: dict[type, tuple[Any, Any]] = {}
+def _originals(backend: Any) -> tuple[Any, Any]:
+    """The class's own ``(register_mem_pool, deregister_mem_pool)``, for the lifecycle's calls."""
+    for cls in type(backend).__mro__:
+        found = cls.__dict__.get(ORIGINALS)
+        if found is not None:
+            return found
+    raise LookupError(f"{type(backend).__name__} was never handed out by a reloadable group")
 
 
 def _teach(cls: type) -> None:
     register = getattr(cls, REGISTER)
     deregister = getattr(cls, DEREGISTER, None)
-    _originals[cls] = (register, deregister)
+    setattr(cls, ORIGINALS, (register, deregister))
 
     def register_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
-        again = _replayed.get((id(self), id(pool)))
+        again = process.current().replayed.get((id(self), id(pool)))
         if again is not None and again[0] is self and again[1] is pool:
             # Reload registered it again already; a framework's own hook doing the same
             # afterwards must not register it twice.
@@ -73,7 +80,7 @@ def _teach(cls: type) -> None:
         owner = _owner(self)
         if owner is not None:
             record, device = owner
-            record.hooks.append((ENTRY, (device, pool, *args), kwargs))
+            record.replays.append((ENTRY, (device, pool, *args), kwargs))
         return result
 
     register_mem_pool.__doc__ = register.__doc__
@@ -83,28 +90,24 @@ def _teach(cls: type) -> None:
 
     def deregister_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
         result = deregister(self, pool, *args, **kwargs)
-        _replayed.pop((id(self), id(pool)), None)
+        process.current().replayed.pop((id(self), id(pool)), None)
         owner = _owner(self)
         if owner is not None:
-            record = owner[0]
-            record.hooks[:] = [h for h in record.hooks if not (h[0] == ENTRY and h[1][1] is pool)]
+            replays = owner[0].replays
+            replays[:] = [h for h in replays if not (h[0] == ENTRY and h[1][1] is pool)]
         return result
 
     deregister_mem_pool.__doc__ = deregister.__doc__
     setattr(cls, DEREGISTER, deregister_mem_pool)
 
 
-#: ``(id(backend), id(pool))`` -> (backend, pool) registered again by the reload running now.
-_replayed: dict[tuple[int, int], tuple[Any, Any]] = {}
-
-
 def begin_reload() -> None:
     """Forget the previous reload's registrations (held until now so that ids stay unique)."""
-    _replayed.clear()
+    process.current().replayed.clear()
 
 
 def _kept(record: Record) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    return [entry for entry in record.hooks if entry[0] == ENTRY]
+    return [entry for entry in record.replays if entry[0] == ENTRY]
 
 
 def release(record: Record, label: str) -> None:
@@ -118,7 +121,7 @@ def release(record: Record, label: str) -> None:
     for _name, (device, pool, *_rest), _kwargs in _kept(record):
         try:
             backend = native._get_backend(device)
-            deregister = _originals[type(backend)][1]
+            deregister = _originals(backend)[1]
             if deregister is not None:
                 deregister(backend, pool)
         except Exception as error:
@@ -134,8 +137,8 @@ def replay(native: Any, entry: tuple[str, tuple[Any, ...], dict[str, Any]], labe
     _name, (device, pool, *rest), kwargs = entry
     try:
         backend = native._get_backend(device)
-        _originals[type(backend)][0](backend, pool, *rest, **kwargs)
+        _originals(backend)[0](backend, pool, *rest, **kwargs)
     except Exception as error:
         logger.warning("could not register memory pool %r on %s again: %s", pool, label, error)
         return
-    _replayed[(id(backend), id(pool))] = (backend, pool)
+    process.current().replayed[(id(backend), id(pool))] = (backend, pool)

@@ -13,6 +13,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import TransitionError
+
 
 class State(enum.Enum):
     """What this rank holds for a recorded group."""
@@ -41,8 +43,13 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 }
 
 
-class TransitionError(RuntimeError):
-    """A lifecycle step tried a move that ``TRANSITIONS`` does not allow."""
+class Way(enum.Enum):
+    """How a member's group sleeps and wakes, chosen when it is created."""
+
+    #: The program holds a ``ReloadableProcessGroup``; reload serves it a new native group.
+    WRAPPER = "wrapper"
+    #: The program holds torch's own group; reload reconfigures it in place (torch 2.14).
+    IN_PLACE = "in place"
 
 
 def _copy_arg(value: Any) -> Any:
@@ -59,15 +66,15 @@ class Record:
         "args",
         "device",
         "ended_with_world",
-        "hooks",
-        "in_place",
         "is_world",
-        "keep",
         "kwargs",
         "name",
         "native",
+        "published",
+        "replays",
         "state",
         "timeout",
+        "way",
     )
 
     def __init__(
@@ -83,19 +90,21 @@ class Record:
         #: The key of the wrapper's aliases in torch's maps while a native group serves it.
         self.alias: Any = None
         self.ended_with_world = False
-        #: Reloaded in place (``ProcessGroup.reconfigure``): the program holds ``native`` itself.
-        self.in_place = False
+        #: How it sleeps and wakes: behind its wrapper, or in place (the program holds
+        #: ``native`` itself).
+        self.way = Way.WRAPPER
         #: The stand-in for WORLD, which is never replayed: destroying it destroys WORLD.
         self.is_world = False
         #: The wrapper, held strongly once its name was handed out: torch's registry of names
         #: then resolves to it, and whoever cached the name holds the group as torch holds its
         #: own, until it is destroyed.
-        self.keep: Any = None
+        self.published: Any = None
         #: The timeout the native group had when it was destroyed (``set_timeout`` included).
         self.timeout: Any = None
-        #: Hooks registered on the group after creation, replayed on every new native group:
-        #: ``(method name, args, kwargs)`` in registration order.
-        self.hooks: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        #: What was registered on the group after creation (its own pre/post/abort hooks, the
+        #: memory pools of its backend), made again on every new native group: ``(method
+        #: name, args, kwargs)`` in registration order.
+        self.replays: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         #: In place: the device the memory guard checks before the rebuild (None: none).
         self.device: Any = None
 
@@ -107,7 +116,7 @@ class Record:
             )
         self.state = to
         if to in (State.RELEASED, State.ENDED):
-            self.keep = None  # gone for good: nothing of ours holds the wrapper any more
+            self.published = None  # gone for good: nothing of ours holds the wrapper any more
 
     def attach(self, wrapper: Any) -> None:
         self._ref = weakref.ref(wrapper)
@@ -115,6 +124,10 @@ class Record:
     @property
     def wrapper(self) -> Any:
         return self._ref() if self._ref is not None else None
+
+    @property
+    def in_place(self) -> bool:
+        return self.way is Way.IN_PLACE
 
     @property
     def member(self) -> bool:

@@ -1,7 +1,7 @@
 """The records of this process, in creation order: adding, finding and pruning them.
 
 torch creates groups collectively, in one order on every rank, so reload replays the recorded
-creations in that order. Each record is the one in ``state.current().records``; this module is
+creations in that order. Each record is one in ``process.current().records``; this module is
 the only place that adds or removes one.
 """
 
@@ -10,75 +10,65 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import state
+from . import process
 from .record import Record, State
 
 
 def lock() -> Any:
-    """The lock every lifecycle step of this process holds."""
-    return state.current().lock
+    """The lock every lifecycle step of this process takes for its bookkeeping."""
+    return process.current().lock
 
 
 def add(args: Sequence[Any], kwargs: dict[str, Any], name: str | None, initial: State) -> Record:
     """Record a creation at the end of the creation order."""
-    global _changes
     record = Record(args, kwargs, name, initial)
-    holder = state.current()
+    holder = process.current()
     with holder.lock:
         holder.records.append(record)
-        _changes += 1
+        holder.changes += 1
     return record
 
 
 def records() -> list[Record]:
     """The records still of use, in creation order."""
-    return state.current().records
+    return process.current().records
 
 
 def members() -> Iterator[Record]:
     """Records of groups this rank is a member of (whatever their state)."""
-    return (r for r in state.current().records if r.member)
-
-
-#: ``id(native) -> record`` for ``record_of``: the id of the records list and the ``_changes``
-#: it was built at, and the index (ids only: it holds no native group alive). A hit is checked
-#: against the record itself, so an entry whose native changed since is never believed.
-_index: tuple[int, int, dict[int, Record]] = (0, -1, {})
-#: Bumped whenever a record is added or pruned here (the only places that do).
-_changes = 0
+    return (r for r in process.current().records if r.member)
 
 
 def record_of(native: Any) -> Record | None:
     """The record whose current native group is ``native``, if any.
 
     Destroying groups one at a time through their native handles calls this once per group:
-    a scan each would cost records x records, so hits come from an index in O(1).
+    a scan each would cost records x records, so hits come from an index (ids only: it holds
+    no native group alive). A hit is checked against the record itself, so an entry whose
+    native changed since is never believed.
     """
-    global _index
-    records = state.current().records
-    built_from, built_at, index = _index
-    if built_from == id(records) and built_at == _changes:
-        record = index.get(id(native))
+    holder = process.current()
+    if holder.index_at == holder.changes:
+        record = holder.index.get(id(native))
         if record is not None and record.native is native and record.member:
             return record
     # Stale or absent (a reload gave the records new natives): rebuild it, the first record
     # holding a native winning as in a scan.
-    index = {}
-    for record in records:
+    index: dict[int, Record] = {}
+    for record in holder.records:
         if record.native is not None and record.member:
             index.setdefault(id(record.native), record)
-    _index = (id(records), _changes, index)
+    holder.index, holder.index_at = index, holder.changes
     found = index.get(id(native))
     return found if found is not None and found.native is native else None
 
 
 def prune() -> int:
     """Forget every ended record; returns how many."""
-    global _changes, _index
-    holder = state.current()
+    holder = process.current()
     with holder.lock:
-        _index = (0, -1, {})  # it may hold ended records: let them go
+        holder.index, holder.index_at = {}, -1  # it may hold ended records: let them go
         before = len(holder.records)
         holder.records[:] = [r for r in holder.records if r.state is not State.ENDED]
-        _changes += 1
+        holder.changes += 1
         return before - len(holder.records)

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from . import names, pools, registry, state
+from ..errors import GroupDestroyedError
+from . import aliases, guard, names, pools, process, registry
 from .record import Record, State
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -84,7 +85,7 @@ class ReloadableProcessGroup(_NativeProcessGroup):
                 group_kwargs = {"ranks": self.ranks}
             _record = registry.add(group_args, group_kwargs or {}, group.group_name, State.LIVE)
             _record.native = group
-            holder = state.current()
+            holder = process.current()
             if holder.known_world is None:
                 holder.known_world = dist.GroupMember.WORLD
         self._record = _record
@@ -92,8 +93,6 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         self.mirror_backends()
         if not _OPAQUE_MEMBERS_REGISTERED:
             _register_opaque_members()
-        from . import aliases
-
         _record.alias = aliases.link(self, group)
 
     @property
@@ -120,12 +119,10 @@ class ReloadableProcessGroup(_NativeProcessGroup):
             raise self.destroyed_error(what)
         device = self.__dict__.get("_armed")
         if device is not None:
-            from . import memory
-
-            if not memory.get_memory_guard().every_call:
+            if not guard.get_memory_guard().every_call:
                 self.__dict__.pop("_armed", None)
                 self._fast = native
-            memory.check(device, self.describe())
+            guard.check(device, self.describe())
         return native
 
     def mirror_backends(self) -> None:
@@ -184,9 +181,9 @@ class ReloadableProcessGroup(_NativeProcessGroup):
             raise self.destroyed_error("property 'group_name'")
         name = inner.group_name
         record = self._record
-        if record.keep is None:
+        if record.published is None:
             names.publish(name, self)
-            record.keep = self
+            record.published = self
         return name
 
     @property
@@ -200,21 +197,21 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         label = f"'{desc}' " if desc else ""
         return f"ReloadableProcessGroup {label}(ranks {self.ranks})"
 
-    def destroyed_error(self, what: str) -> RuntimeError:
+    def destroyed_error(self, what: str) -> GroupDestroyedError:
         """The error for using this group while it has no native group."""
         record = self._record
         if record.state is State.ENDED and record.ended_with_world:
-            return RuntimeError(
+            return GroupDestroyedError(
                 f"{self.describe()} belonged to a WORLD that was destroyed "
                 "(torch.distributed.destroy_process_group()) and cannot be used "
                 f"({what}); its world was destroyed: create a new group in the current world"
             )
         if record.state in (State.RELEASED, State.ENDED):
-            return RuntimeError(
+            return GroupDestroyedError(
                 f"{self.describe()} was released with torch.distributed.destroy_process_group() "
                 f"and cannot be used ({what}); create a new group instead"
             )
-        return RuntimeError(
+        return GroupDestroyedError(
             f"{self.describe()} is destroyed and cannot be used ({what}); call "
             "reloadpg_autopatch.reload_process_groups() on every rank first"
         )
@@ -269,7 +266,7 @@ def _live(group: ReloadableProcessGroup, what: str) -> Any:
     if torch.compiler.is_compiling():
         native = group._native
         if native is None:
-            raise RuntimeError(f"a destroyed process group was used ({what}) in compiled code")
+            raise group.destroyed_error(f"{what}, in compiled code")
         return native
     return group.live(what)
 
@@ -314,13 +311,13 @@ def _recording_method(name: str, base: Any, unregisters: str | None) -> Any:
         if inner is None:
             raise self.destroyed_error(f"{name}()")
         result = getattr(inner, name)(*args, **kwargs)
-        hooks = self._record.hooks
+        replays = self._record.replays
         if unregisters is None:
-            hooks.append((name, args, kwargs))
+            replays.append((name, args, kwargs))
         else:  # unregister_X_hook(hook_id): forget the registrations under that id
             hook_id = _hook_id(args, kwargs)
-            hooks[:] = [
-                h for h in hooks if not (h[0] == unregisters and _hook_id(*h[1:]) == hook_id)
+            replays[:] = [
+                h for h in replays if not (h[0] == unregisters and _hook_id(*h[1:]) == hook_id)
             ]
         return result
 

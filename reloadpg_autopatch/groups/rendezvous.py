@@ -6,52 +6,52 @@ reads (37 s at 512 ranks measured here); here each rank appends its entry to one
 counter and reads one key, and only the last rank to arrive (the one whose ``add`` returns the
 world size) reads the N entries, once, in one value, to write that key. The server does O(N)
 work in total, and a round leaves no per-rank key behind: the last arriver deletes the entries
-and the counter once it has published the result, so the store does not grow with the cycles.
+and the counter once it has published the result, and the last arriver of the next round
+deletes that result (``previous``), so the store does not grow with the cycles.
 
 Torch-free on purpose: it needs only an object with ``set``/``add``/``append``/``wait``/
 ``compare_set``/``delete_key``/``check`` (every torch store: ``TCPStore``, ``FileStore``,
 ``HashStore``, ``PrefixStore``), so benchmarks drive it with threads.
 
 Ranks may arrive up to ``timeout`` apart. A rank that never arrives, or a store that goes away
-(the rank hosting it died), raises one ``RuntimeError`` naming the step, the cycle and, for a
-timeout, the ranks missing (read from the one key of entries, on that error path only).
+(the rank hosting it died), raises one ``PeerMissingError`` naming the step, the cycle and, for
+a timeout, the ranks missing (read from the one key of entries, on that error path only).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from ..errors import PeerMissingError, format_ranks
 
 logger = logging.getLogger("reloadpg_autopatch")
 
 __all__ = [
     "RendezvousError",
     "agree",
+    "done_key",
     "exchange",
     "expand_name_sets",
     "merge_name_sets",
     "sync",
+    "tidy",
 ]
 
 Payload = bytes | str
 Timeout = timedelta | float
 
-#: ``state.ProcessState.key`` puts the world epoch and the generation first.
+#: What a step that did not complete raises (a rank missing, or the store gone).
+RendezvousError = PeerMissingError
+
+#: ``process.ProcessState.key`` puts the cycle and the step's number first.
 _CYCLE = re.compile(r"^reloadpg_autopatch/(\d+)/(\d+)/")
-
-
-class RendezvousError(RuntimeError):
-    """A rendezvous step did not complete: a rank missing, or the store gone."""
-
-    def __init__(self, message: str, missing: Sequence[int] = ()) -> None:
-        super().__init__(message)
-        #: Ranks whose arrival key was absent when the step gave up (empty: unknown).
-        self.missing = list(missing)
 
 
 def _timedelta(timeout: Timeout) -> timedelta:
@@ -62,7 +62,7 @@ def _cycle_of(key: str, cycle: str | None) -> str:
     if cycle is not None:
         return cycle
     found = _CYCLE.match(key)
-    return f"world {found[1]}, cycle {found[2]}" if found else f"key {key!r}"
+    return f"cycle {found[1]}, step {found[2]}" if found else f"key {key!r}"
 
 
 def _bytes(payload: Payload) -> bytes:
@@ -131,19 +131,31 @@ def _failure(
         )
         missing = []
     elif missing:
-        shown = ", ".join(str(r) for r in missing[:32]) + (" ..." if len(missing) > 32 else "")
         message = (
             f"{where}: {len(missing)} rank(s) did not arrive within {timeout.total_seconds():g} s "
-            f"(waited {elapsed:.1f} s): ranks {shown}; every rank must call it at the same "
-            "point of its program"
+            f"(waited {elapsed:.1f} s): ranks {format_ranks(missing)}; every rank must call it "
+            "at the same point of its program"
         )
     else:
         message = f"{where}: the store failed after {elapsed:.1f} s: {error}"
     logger.error("%s", message)
-    return RendezvousError(message, missing)
+    return PeerMissingError(message, missing, step)
 
 
-def _tidy(store: Any, *keys: str) -> None:
+#: Characters of a round's token (``_fresh_token``).
+TOKEN_CHARS = 16
+
+
+def _fresh_token() -> bytes:
+    return os.urandom(TOKEN_CHARS // 2).hex().encode()
+
+
+def done_key(key: str) -> str:
+    """The key a round under ``key`` publishes its result in (``previous`` of the next round)."""
+    return f"{key}/done"
+
+
+def tidy(store: Any, *keys: str) -> None:
     """Delete keys nobody reads any more; a store that cannot only keeps them."""
     for key in keys:
         try:
@@ -164,39 +176,48 @@ def _round(
     step: str,
     cycle: str | None,
     acknowledge: bool = False,
+    previous: str | None = None,
+    token: bool = False,
 ) -> bytes | None:
     """One round trip: publish, count in, the last arriver combines, everyone reads once.
 
     Per rank: an ``append`` and a ``set`` send and wait for no answer; the ``add``, the
     ``wait`` and the read are one round trip each. ``acknowledge``: every rank counts itself
     out too (one more round trip), and the last one deletes the result, for results as large
-    as the entries (``exchange``); otherwise one small key per round stays in the store.
+    as the entries (``exchange``); otherwise the result stays until the last arriver of the
+    next round deletes it (``previous``: that round's result key, read by every rank by then).
+    ``token``: the last arriver puts a fresh random token before the result, and every rank
+    reads it (one more round trip for a sync): a name for what torch creates in this step
+    that no earlier world on the same store used, whatever it left there.
     """
     wait_for = _timedelta(timeout)
     started = time.monotonic()
-    arrived, count, done = f"{key}/arrived", f"{key}/count", f"{key}/done"
+    arrived, count, done = f"{key}/arrived", f"{key}/count", done_key(key)
+    stale = (previous,) if previous else ()
     try:
         # One key holds every entry: the last arriver reads them in one value, and deletes
         # one key, not N. The server applies one client's requests in order, so a rank's
         # entry is in before its count.
         store.append(arrived, _entry(rank, payload))
         if store.add(count, 1) == world_size:
+            fresh = _fresh_token() if token else b""
             if combine is None:
-                store.set(done, b"1")
+                store.set(done, fresh or b"1")
             else:
                 entries = _entries(_read(store, arrived))
                 if len(entries) != world_size or any(r not in entries for r in range(world_size)):
                     raise RuntimeError(
                         f"{world_size} arrivals counted, entries from ranks {sorted(entries)}"
                     )
-                store.set(done, _bytes(combine([entries[r] for r in range(world_size)])))
-            _tidy(store, arrived, count)  # every rank has counted in: nobody writes them again
+                store.set(done, fresh + _bytes(combine([entries[r] for r in range(world_size)])))
+            # Every rank has counted in: nobody writes these again, nor reads the last result.
+            tidy(store, arrived, count, *stale)
         store.wait([done], wait_for)
-        if combine is None:
+        if combine is None and not token:
             return None
         result = _read(store, done)
         if acknowledge and store.add(f"{key}/read", 1) == world_size:
-            _tidy(store, done, f"{key}/read")  # every rank has read it
+            tidy(store, done, f"{key}/read")  # every rank has read it
         return result
     except Exception as error:
         raise _failure(
@@ -221,15 +242,32 @@ def sync(
     timeout: Timeout,
     step: str,
     cycle: str | None = None,
-) -> None:
+    previous: str | None = None,
+    token: bool = False,
+) -> str | None:
     """Wait until every rank reached ``key``: a barrier of 3 store operations per rank.
 
-    An ``append`` (no answer awaited), an ``add`` and a ``wait``: two round trips.
+    An ``append`` (no answer awaited), an ``add`` and a ``wait``: two round trips. With
+    ``token``, every rank also reads (4 operations) and returns the same fresh token.
 
-    ``key`` must be new to this cycle (``state.current().key(...)``); ``step`` names the step
-    in errors (``"reload: created"``), ``cycle`` too (by default read from ``key``).
+    ``key`` must be new to this cycle (``process.current().key(...)``); ``step`` names the step
+    in errors (``"reload: created sync"``), ``cycle`` too (by default read from ``key``);
+    ``previous``: the result key of the round every rank passed before this one.
     """
-    _round(store, key, rank, world_size, b"", combine=None, timeout=timeout, step=step, cycle=cycle)
+    result = _round(
+        store,
+        key,
+        rank,
+        world_size,
+        b"",
+        combine=None,
+        timeout=timeout,
+        step=step,
+        cycle=cycle,
+        previous=previous,
+        token=token,
+    )
+    return result.decode() if token and result is not None else None
 
 
 def agree(
@@ -243,12 +281,17 @@ def agree(
     timeout: Timeout,
     step: str,
     cycle: str | None = None,
-) -> bytes:
+    previous: str | None = None,
+    token: bool = False,
+) -> Any:
     """Every rank gets ``merge(every rank's payload, in rank order)``, the same bytes on each.
+
+    With ``token``: ``(token, merged)``, the token fresh and the same on every rank.
 
     No rank returns before every rank has published, so what it learns is final. Per rank: 4
     store operations (3 round trips) and the payload and result in bytes; the last arriver
-    adds one read of the N entries (one value), runs ``merge``, and deletes 2 keys.
+    adds one read of the N entries (one value), runs ``merge``, and deletes 2 keys (3 with
+    ``previous``).
     """
     result = _round(
         store,
@@ -260,8 +303,12 @@ def agree(
         timeout=timeout,
         step=step,
         cycle=cycle,
+        previous=previous,
+        token=token,
     )
     assert result is not None
+    if token:
+        return result[:TOKEN_CHARS].decode(), result[TOKEN_CHARS:]
     return result
 
 

@@ -116,27 +116,23 @@ def describe(report: dict[str, Any], steps: tuple[str, ...] = ("destroy", "reloa
     return line
 
 
-_last: CycleReport | None = None
+def begin(holder: Any) -> CycleReport:
+    """A new report for the cycle a destroy starts, kept as ``holder``'s last one."""
+    holder.last_report = CycleReport(holder.cycle, holder.worlds_ended)
+    return holder.last_report
 
 
-def begin(cycle: int, world: int) -> CycleReport:
-    """A new report for the cycle a destroy starts."""
-    global _last
-    _last = CycleReport(cycle, world)
-    return _last
-
-
-def current(cycle: int, world: int) -> CycleReport:
+def current(holder: Any) -> CycleReport:
     """The report of the cycle a reload ends (a fresh one if its destroy was not seen)."""
-    last = _last
-    if last is None or last.cycle != cycle or last.world != world or last.reload is not None:
-        return begin(cycle, world)
+    last = holder.last_report
+    if (
+        last is None
+        or last.cycle != holder.cycle
+        or last.world != holder.worlds_ended
+        or last.reload is not None
+    ):
+        return begin(holder)
     return last
-
-
-def last_cycle_report() -> CycleReport | None:
-    """The report of this rank's latest destroy/reload cycle (None before the first destroy)."""
-    return _last
 
 
 def log(report: CycleReport, step: str) -> None:

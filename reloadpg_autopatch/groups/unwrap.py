@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import GroupDestroyedError, ReloadPGError
 from . import memory
 from .reloadable import ReloadableProcessGroup
 
@@ -29,7 +30,7 @@ def unwrap(group: Any) -> Any:
 
     Our own ``ReloadableProcessGroup`` and *foreign* wrappers (any ``ProcessGroup`` subclass
     instance that keeps its native group in ``.group``, as slime's and its forks' classes do)
-    are unwrapped recursively. A wrapper whose native group is gone raises ``RuntimeError``
+    are unwrapped recursively. A wrapper whose native group is gone raises ``GroupDestroyedError``
     rather than handing torch ``None``, which torch would silently read as the default group.
     """
     cls = type(group)
@@ -59,14 +60,14 @@ def _unwrap_nested(group: Any) -> Any:
             return group.live("passed to torch.distributed")
         inner = getattr(group, "group", _MISSING)
         if inner is None:
-            raise RuntimeError(
+            raise GroupDestroyedError(
                 f"{cls.__name__} {group!r} has no native group (its .group is None): it "
                 "was destroyed; reload it before passing it to torch.distributed"
             )
         if inner is group or not isinstance(inner, _Native):
             return group
         group = inner
-    raise RuntimeError(f"process group wrappers nest deeper than {_MAX_DEPTH} levels")
+    raise ReloadPGError(f"process group wrappers nest deeper than {_MAX_DEPTH} levels")
 
 
 #: How long a collective that lost its connection waits to learn that this rank destroyed its

@@ -1,70 +1,47 @@
-"""Bring WORLD into the destroy/reload cycle.
+"""Bring WORLD into the destroy/reload cycle, and end a world when the program destroys WORLD.
 
 The default group holds an accelerator communicator like any other, but torch cannot run
 without *a* default group: ``get_rank()``, object collectives and new groups all need one. So a
 destroy swaps an accelerator WORLD for a temporary CPU WORLD, and a reload swaps it back. Both
-are built on the store WORLD was created with, under keys no other generation uses, with the
-timeout, bound device and options WORLD had, and under the name it had.
+are built on the store WORLD was created with, under keys no other cycle uses, with the
+timeout, bound device and options WORLD had, and under the name it had. Whatever torch's
+``init_process_group`` changes in the process at each swap (it chains ``sys.excepthook``) is put
+back, so a week of cycles leaves the process as the first WORLD left it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from . import aliases, faults, inplace, mode, names, rendezvous, state
-from .backends import component_names, device_backends, holds_accelerator_memory, lazy_gloo
+from .._originals import original
+from ..errors import RegistrationError, ReloadPGError, WorldLostError
+from . import aliases, binding, faults, inplace, mode, names, participants, process, registry
+from .backends import component_names, device_backends, holds_accelerator_memory
+from .participants import Registration, registration
 from .record import Record, State
 from .reloadable import ReloadableProcessGroup
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-
-@dataclass
-class Registration:
-    """What is needed to rebuild WORLD exactly as it was."""
-
-    backend: str
-    timeout: timedelta
-    store: Any
-    rank: int
-    world_size: int
-    device_id: Any
-    pg_options: Any
-    swap: bool
-    temporary_backend: str
-    #: WORLD is reconfigured in place on reload (native mode), never swapped.
-    in_place: bool = False
-    swapped: bool = False
-    #: When WORLD is swapped: what WORLD's name resolves to, across every swap. Whatever
-    #: resolved the name (a DeviceMesh dimension, FSDP2) holds this, not a WORLD that goes.
-    stand_in: ReloadableProcessGroup | None = None
-
-
-def group_timeout(group: Any) -> timedelta | None:
-    """The timeout a native group runs with now (``set_timeout`` included), if torch says."""
-    for _device, backend in device_backends(group):
-        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
-        if isinstance(timeout, timedelta):
-            return timeout
-    return None
-
-
-def _timeout_or_default(group: Any, backend: str) -> timedelta:
-    """The group's timeout, or torch's default for its backend when torch does not say."""
-    return group_timeout(group) or c10d._get_default_timeout(backend)
+#: gloo's switch for connecting pairs on first use instead of a full mesh at creation (read
+#: when the group's device is created, on torch 2.13 and 2.14 alike).
+LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"
 
 
 def _refresh_timeout(world: Registration) -> None:
     """Keep the timeout WORLD runs with now (``set_timeout`` included) for its next rebuild."""
-    world.timeout = group_timeout(c10d._get_default_group()) or world.timeout
+    world.timeout = participants.group_timeout(c10d._get_default_group()) or world.timeout
 
 
 def _accelerator_options(group: Any, backend: str) -> Any:
@@ -76,6 +53,84 @@ def _accelerator_options(group: Any, backend: str) -> Any:
         if options is not None and holds_accelerator_memory(backend):
             return options
     return None
+
+
+# ---- registration ----------------------------------------------------------------------------
+
+
+def _checked_timeout(timeout: object) -> timedelta | None:
+    if timeout is None:
+        return None
+    if not isinstance(timeout, timedelta):
+        raise TypeError(
+            f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}"
+        )
+    if timeout <= timedelta(0):
+        raise ValueError(
+            f"timeout must be a positive datetime.timedelta (WORLD's timeout bounds every "
+            f"store wait of a cycle), got {timeout!r}; accepted: None (WORLD's own timeout) "
+            "or, for instance, timedelta(minutes=10)"
+        )
+    return timeout
+
+
+def _known_backends() -> dict[str, list[str]]:
+    capability = dist.Backend.backend_capability
+    return {name.lower(): list(devices) for name, devices in capability.items()}
+
+
+def _available(name: str) -> bool:
+    check = getattr(dist, f"is_{name}_available", None)
+    return bool(check()) if callable(check) else True
+
+
+def _checked_temporary(name: object) -> str:
+    """A backend torch knows and has built that runs WORLD on the CPU (``gloo``, ``cpu:gloo``)."""
+    known = _known_backends()
+    serving_cpu = sorted(n for n, devices in known.items() if "cpu" in devices and _available(n))
+    why = None
+    if not isinstance(name, str) or not name.strip():
+        why = "is not a backend name"
+    else:
+        parts = [part.strip().lower() for part in name.split(",")]
+        for part in parts:
+            backend = part.rsplit(":", 1)[-1]
+            if backend not in known:
+                why = f"names {backend!r}, which is not a backend torch knows"
+            elif not _available(backend):
+                why = f"names {backend!r}, which this torch build does not have"
+            if why:
+                break
+        else:
+            cpu = [p.rsplit(":", 1)[-1] for p in parts if ":" not in p or p.split(":")[0] == "cpu"]
+            if not any("cpu" in known[b] for b in cpu):
+                why = "serves no CPU device"
+    if why is not None:
+        raise ValueError(
+            f"temporary_backend={name!r} {why}: the temporary WORLD runs on the CPU while the "
+            f"accelerator WORLD sleeps; accepted here: {', '.join(map(repr, serving_cpu))} (or "
+            "a device map such as 'cpu:gloo')"
+        )
+    return name.strip()
+
+
+def _checked_accelerators(backends: Iterable[str] | str | None) -> tuple[str, ...] | None:
+    if backends is None:
+        return None
+    chosen = (backends,) if isinstance(backends, str) else tuple(backends)
+    known = _known_backends()
+    if not all(isinstance(b, str) and b for b in chosen):
+        raise TypeError(
+            "accelerator_backends must be backend names such as 'nccl' (or None to use "
+            f"the backends torch registers for accelerators only), got {chosen!r}"
+        )
+    unknown = [b for b in chosen if b.lower() not in known]
+    if unknown:
+        raise ValueError(
+            f"accelerator_backends names backends torch does not know: {unknown!r}; "
+            f"accepted: {', '.join(map(repr, sorted(known)))}"
+        )
+    return tuple(sorted({b.lower() for b in chosen}))
 
 
 def register_default_process_group(
@@ -92,31 +147,23 @@ def register_default_process_group(
     holds accelerator memory, as torch registers it (a backend that serves no CPU device:
     ``nccl``, ``xccl``, ``nccl2``...). ``accelerator_backends`` names the backends to swap
     instead (tests on CPU pass ``("gloo",)`` to exercise the swap). ``timeout`` is what WORLD is
-    rebuilt with; by default, the timeout WORLD has now.
+    rebuilt with; by default, the timeout WORLD has now. Every argument is checked here, before
+    anything changes; a second call for the same WORLD with the same arguments does nothing,
+    and with other arguments raises ``RegistrationError`` and keeps the first registration.
     """
-    if timeout is not None and not isinstance(timeout, timedelta):
-        raise TypeError(
-            f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}"
-        )
-    chosen: tuple[str, ...] | None = None
-    if accelerator_backends is not None:
-        chosen = (
-            (accelerator_backends,)
-            if isinstance(accelerator_backends, str)
-            else tuple(accelerator_backends)
-        )
-        if not all(isinstance(b, str) and b for b in chosen):
-            raise TypeError(
-                "accelerator_backends must be backend names such as 'nccl' (or None to use "
-                f"the backends torch registers for accelerators only), got {chosen!r}"
-            )
-    if not isinstance(temporary_backend, str) or not temporary_backend:
-        raise TypeError(f"temporary_backend must be a backend name, got {temporary_backend!r}")
+    timeout = _checked_timeout(timeout)
+    chosen = _checked_accelerators(accelerator_backends)
+    temporary = _checked_temporary(temporary_backend)
     if not dist.is_initialized():
-        raise RuntimeError(
+        raise ReloadPGError(
             "register_default_process_group() needs WORLD: call "
             "torch.distributed.init_process_group() first"
         )
+    holder = process.current()
+    check_world(holder)
+    if holder.world is not None:
+        _same_registration(holder.world, timeout, chosen, temporary)
+        return
     backend = str(c10d.get_backend())
     default_group = c10d._get_default_group()
     in_place = mode.reloads_in_place(default_group)
@@ -126,48 +173,69 @@ def register_default_process_group(
     elif chosen is None:
         swap = holds_accelerator_memory(backend)
     else:
-        swap = bool(set(component_names(backend)) & {b.lower() for b in chosen})
-    holder = state.current()
-    holder.world = Registration(
+        swap = bool(set(component_names(backend)) & set(chosen))
+    world = Registration(
         backend=backend,
-        timeout=timeout if timeout is not None else _timeout_or_default(default_group, backend),
+        timeout=timeout
+        if timeout is not None
+        else participants.timeout_or_default(default_group, backend),
         store=c10d._get_default_store(),
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         device_id=default_group.bound_device_id,
         pg_options=_accelerator_options(default_group, backend),
         swap=swap,
-        temporary_backend=temporary_backend,
+        temporary_backend=temporary,
         in_place=in_place,
+        asked=(chosen, temporary),
     )
-    holder.known_world = default_group
     if swap:
         record = Record((), {}, str(default_group.group_name), State.LIVE)
         record.is_world = True
-        stand_in = ReloadableProcessGroup(
-            default_group, list(range(holder.world.world_size)), _record=record
+        world.stand_in = ReloadableProcessGroup(
+            default_group, list(range(world.world_size)), _record=record
         )
-        holder.world.stand_in = stand_in
-        names.publish(record.name, stand_in)
-        _make_default(stand_in)
+    # Nothing above changed anything: only now does the registration take effect.
+    holder.world = world
+    holder.known_world = default_group
+    if world.stand_in is not None:
+        names.publish(world.stand_in._record.name, world.stand_in)
+        _make_default(world.stand_in)
     logger.info(
         "registered WORLD for reload: backend=%s rank=%d world_size=%d %s timeout=%s",
         backend,
-        holder.world.rank,
-        holder.world.world_size,
+        world.rank,
+        world.world_size,
         "in place" if in_place else f"swap={swap}",
-        holder.world.timeout,
+        world.timeout,
     )
 
 
-def registration() -> Registration | None:
-    """This process's registration, if WORLD is registered."""
-    return state.current().world
-
-
-def is_registered() -> bool:
-    """Whether WORLD takes part in destroy/reload in this process."""
-    return state.current().world is not None
+def _same_registration(
+    world: Registration,
+    timeout: timedelta | None,
+    chosen: tuple[str, ...] | None,
+    temporary: str,
+) -> None:
+    """A second registration of this WORLD: nothing if it asks the same, else the error."""
+    differences = []
+    if timeout is not None and timeout != world.timeout:
+        differences.append(f"timeout={timeout!r} (registered: {world.timeout!r})")
+    if chosen != world.asked[0]:
+        differences.append(f"accelerator_backends={chosen!r} (registered: {world.asked[0]!r})")
+    if temporary != world.temporary_backend:
+        differences.append(
+            f"temporary_backend={temporary!r} (registered: {world.temporary_backend!r})"
+        )
+    if not differences:
+        logger.debug("register_default_process_group() again with the same arguments: kept")
+        return
+    raise RegistrationError(
+        "register_default_process_group() was already called for this WORLD, and this call "
+        f"asks for {'; '.join(differences)}: the first registration stays in force. Register "
+        "WORLD once, right after init_process_group(); to change it, destroy WORLD "
+        "(torch.distributed.destroy_process_group()) and start a new one"
+    )
 
 
 def needs_swap() -> bool:
@@ -176,52 +244,70 @@ def needs_swap() -> bool:
     return world is not None and world.swap and not world.swapped
 
 
-def base_store() -> Any:
-    """The store every rank shares for the life of this world (it outlives WORLD itself)."""
-    world = registration()
-    return world.store if world is not None else c10d._get_default_store()
+# ---- the swap --------------------------------------------------------------------------------
 
 
-def world_timeout() -> timedelta:
-    world = registration()
-    if world is not None:
-        return world.timeout
-    return _timeout_or_default(c10d._get_default_group(), str(c10d.get_backend()))
+@contextlib.contextmanager
+def lazy_gloo(enabled: bool = True) -> Iterator[None]:
+    """gloo groups created in the block connect a pair only when it first communicates.
 
-
-def global_rank() -> int:
-    world = registration()
-    return world.rank if world is not None else dist.get_rank()
-
-
-def world_size() -> int:
-    world = registration()
-    return world.world_size if world is not None else dist.get_world_size()
-
-
-def sync(step: str) -> None:
-    """Wait until every rank reaches ``step`` of this generation, through the base store.
-
-    The store outlives every communicator, so it can sync ranks while WORLD is replaced, and
-    ranks may arrive up to WORLD's timeout apart. Three store operations per rank
-    (``rendezvous.sync``): a missing rank is named in the error, after WORLD's timeout.
+    The temporary WORLD of a swap is rarely used: created eagerly, it costs every rank a
+    connection to every other rank (N² in all) each cycle, for nothing. The variable is put
+    back exactly as it was, set or unset (the first block to enter saves it, the last to leave
+    restores it).
     """
-    key = state.current().key("sync", step)
-    rendezvous.sync(
-        base_store(),
-        key,
-        global_rank(),
-        world_size(),
-        timeout=world_timeout(),
-        step=f"{step}: sync",
-    )
+    if not enabled:
+        yield
+        return
+    holder = process.current()
+    with holder.lock:
+        if holder.lazy_depth == 0:
+            holder.lazy_saved = os.environ.get(LAZY_GLOO)
+        holder.lazy_depth += 1
+        os.environ[LAZY_GLOO] = "1"
+    try:
+        yield
+    finally:
+        with holder.lock:
+            holder.lazy_depth -= 1
+            if holder.lazy_depth == 0:
+                if holder.lazy_saved is None:
+                    os.environ.pop(LAZY_GLOO, None)
+                else:
+                    os.environ[LAZY_GLOO] = holder.lazy_saved
 
 
-def _init_world(world: Registration, backend: str, destroy_all: Callable[[], None]) -> None:
-    holder = state.current()
-    with names.preserved_group_count():
-        destroy_all()
-        store = dist.PrefixStore(holder.key("world", backend) + "/", world.store)
+@contextlib.contextmanager
+def process_globals_kept() -> Iterator[None]:
+    """Whatever torch's WORLD calls change in the process is as it was after the block.
+
+    ``init_process_group`` wraps ``sys.excepthook`` in a new ``[rank N]:`` prefixer each time:
+    two swaps per cycle would nest two more wrappers every cycle (seven prefixes per line after
+    three cycles, a ``RecursionError`` in the hook after a few hundred). The hooks and the
+    variables it sets are put back; the first WORLD's hook, made by the program's own
+    ``init_process_group``, stays.
+    """
+    hooks = (sys.excepthook, threading.excepthook, sys.unraisablehook)
+    environ = dict(os.environ)
+    try:
+        yield
+    finally:
+        sys.excepthook, threading.excepthook, sys.unraisablehook = hooks
+        for key in set(os.environ) - set(environ):
+            if key != LAZY_GLOO:  # lazy_gloo puts its own variable back
+                del os.environ[key]
+        for key, value in environ.items():
+            if key != LAZY_GLOO and os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+def _init_world(world: Registration, backend: str, step: str) -> None:
+    """Destroy the WORLD there is, start ``backend``'s; a failure leaves none, and says so."""
+    holder = process.current()
+    with names.preserved_group_count(), process_globals_kept():
+        original("destroy_process_group")()
+        key = holder.key(step, "world", holder.token, backend)
+        store = dist.PrefixStore(key + "/", world.store)
         kwargs: dict[str, Any] = {}
         if backend == world.backend:
             if world.device_id is not None:
@@ -242,22 +328,23 @@ def _init_world(world: Registration, backend: str, destroy_all: Callable[[], Non
                     **kwargs,
                 )
         except Exception as error:
-            step = (
+            what = (
                 f"destroy_process_groups(): creating the temporary {backend} WORLD"
                 if temporary
                 else f"reload_process_groups(): restoring the {backend} WORLD"
             )
-            raise faults.failure(
-                step,
-                f"world {holder.epoch}, cycle {holder.generation}",
+            failure = faults.failure(
+                what,
+                participants.where(step),
                 store=world.store,
-                key=holder.key("world", backend),
+                key=key,
                 ranks=range(world.world_size),
                 rank=world.rank,
                 timeout=world.timeout,
                 started=started,
                 error=error,
-            ) from error
+            )
+            raise _lost(failure, temporary) from error
     default = c10d._get_default_group()
     holder.known_world = default
     stand_in = world.stand_in
@@ -267,6 +354,29 @@ def _init_world(world: Registration, backend: str, destroy_all: Callable[[], Non
         stand_in._record.alias = aliases.link(stand_in, default)
         names.publish(str(default.group_name), stand_in)
         _make_default(stand_in)
+
+
+def _lost(failure: ReloadPGError, temporary: bool) -> WorldLostError:
+    """WORLD is gone and no other took its place: end this world, and say how to go on.
+
+    torch has no default group any more, so nothing of this world can be reloaded: its records
+    end here (not half-way later), and the error says so. It is raised from ``failure`` (a
+    ``PeerMissingError`` when a peer never came), whose ranks it repeats in ``missing``.
+    """
+    end_world()
+    state = (
+        "the accelerator WORLD was destroyed and the temporary WORLD could not be created"
+        if temporary
+        else "the temporary WORLD was destroyed and the accelerator WORLD could not be restored"
+    )
+    text = (
+        f"{failure}. State: WORLD is gone on this rank ({state}), so every group of this "
+        "world ended and torch.distributed is not initialized. To go on, every rank calls "
+        "torch.distributed.init_process_group() again (then register_default_process_group()"
+        " and creates its groups); or the job restarts"
+    )
+    process.current().lost = text
+    return WorldLostError(text, getattr(failure, "missing", ()))
 
 
 def _make_default(stand_in: ReloadableProcessGroup) -> None:
@@ -279,7 +389,7 @@ def _make_default(stand_in: ReloadableProcessGroup) -> None:
     for the stand-in through its aliases.
     """
     c10d._world.default_pg = stand_in
-    state.current().known_world = stand_in
+    process.current().known_world = stand_in
 
 
 def native_world() -> Any:
@@ -288,37 +398,24 @@ def native_world() -> Any:
     return default.group if isinstance(default, ReloadableProcessGroup) else default
 
 
-def forget() -> None:
-    """The program destroyed WORLD: the registration ends, and so does WORLD's stand-in."""
-    holder = state.current()
-    world = holder.world
-    holder.world = None
-    if world is not None and world.stand_in is not None:
-        if c10d._world.default_pg is world.stand_in:  # torch's destroy clears it; this is not
-            c10d._world.default_pg = None
-        world.stand_in.group = None
-        world.stand_in._record.ended_with_world = True
-        world.stand_in._record.move(State.ENDED)
-
-
-def swap_out(destroy_all: Callable[[], None]) -> None:
+def swap_out() -> None:
     """Replace the accelerator WORLD with the temporary one (callers check ``needs_swap``)."""
     world = registration()
     assert world is not None
     _refresh_timeout(world)
-    _init_world(world, world.temporary_backend, destroy_all)
+    _init_world(world, world.temporary_backend, "destroy")
     world.swapped = True
     logger.info(
         "replaced %s WORLD with a temporary %s WORLD", world.backend, world.temporary_backend
     )
 
 
-def swap_in(destroy_all: Callable[[], None]) -> bool:
+def swap_in() -> bool:
     """Restore the original WORLD if it was swapped out. Returns whether it did."""
     world = registration()
     if world is None or not world.swapped:
         return False
-    _init_world(world, world.backend, destroy_all)
+    _init_world(world, world.backend, "reload")
     world.swapped = False
     logger.info("restored %s WORLD", world.backend)
     return True
@@ -337,3 +434,53 @@ def rebuild_in_place() -> None:
     world = registration()
     if world is not None and world.in_place:
         inplace.rebuild(c10d._get_default_group(), "WORLD", world.timeout)
+
+
+# ---- the end of a world ----------------------------------------------------------------------
+
+
+def threaded_world() -> bool:
+    """Whether ranks are threads of this process (torch's threaded process groups).
+
+    torch's ``MultiThreadedTestCase`` replaces ``_world`` with one world per thread. This
+    package's state is per process, so there groups stay torch's own and destroy and reload
+    have nothing to do: the gate changes nothing, as with the gate off.
+    """
+    return type(c10d._world) is not c10d._World
+
+
+def check_world(holder: process.ProcessState) -> None:
+    """End the records of a WORLD the program replaced without telling us."""
+    known = holder.known_world
+    if known is not None and c10d._world.default_pg is not known:
+        logger.info("WORLD was destroyed and replaced behind our back: its groups end")
+        end_world()
+
+
+def _forget(holder: process.ProcessState) -> None:
+    """The registration ends, and so does WORLD's stand-in."""
+    world = holder.world
+    holder.world = None
+    if world is not None and world.stand_in is not None:
+        if c10d._world.default_pg is world.stand_in:  # torch's destroy clears it; this is not
+            c10d._world.default_pg = None
+        world.stand_in.group = None
+        world.stand_in._record.ended_with_world = True
+        world.stand_in._record.move(State.ENDED)
+
+
+def end_world() -> None:
+    """WORLD is gone: torch tore down every group, and this world's records end for good."""
+    if threaded_world():
+        return  # nothing of ours belongs to a thread's world
+    holder = process.current()
+    with holder.lock:
+        for record in holder.records:
+            binding.unserve(record, destroy=False)  # torch destroyed every group, and its maps
+            record.ended_with_world = True
+            if record.state is not State.ENDED:
+                record.move(State.ENDED)
+        registry.prune()
+        participants.tidy()
+        _forget(holder)
+        holder.begin_world()

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import types
 from collections.abc import Iterable
 from typing import Any
 
 from .. import _env, _originals
-from . import dynamo, state, sweep
+from . import dynamo, install, patchset, sweep
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -45,7 +44,7 @@ def _inject_failure_if_asked() -> None:
         raise RuntimeError(f"failure injected by {FAIL_ENV}=patch")
 
 
-def _build(dist: types.ModuleType) -> state.PatchState:
+def _build(dist: types.ModuleType) -> patchset.PatchSet:
     from ..groups.reloadable import ReloadableProcessGroup
     from ..groups.unwrap import failed, failed_native, unwrap
     from . import classes, factories, helpers
@@ -115,53 +114,12 @@ def _build(dist: types.ModuleType) -> state.PatchState:
     for wrapper in in_c10d.values():
         _home(wrapper, C10D)
     lifecycle = frozenset({"new_group", "destroy_process_group", *clones})
-    return state.PatchState(originals, wrappers, in_c10d, lifecycle & set(wrappers))
+    return patchset.PatchSet(originals, wrappers, in_c10d, lifecycle & set(wrappers))
 
 
 def _home(wrapper: Any, module: str) -> None:
     """Make ``module`` + ``__qualname__`` find ``wrapper`` (pickle looks functions up so)."""
     wrapper.__module__ = module
-
-
-def _apply(patch: state.PatchState, names: set[str]) -> None:
-    """Install the wrappers of ``names`` (all or none: a failure puts torch's back)."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    done: list[tuple[types.ModuleType, str, Any]] = []
-    try:
-        for module, wrappers in ((dist, patch.wrappers), (c10d, patch.c10d)):
-            for name, wrapper in wrappers.items():
-                if name in names:
-                    done.append((module, name, getattr(module, name)))
-                    setattr(module, name, wrapper)
-    except BaseException:
-        for module, name, previous in reversed(done):
-            setattr(module, name, previous)
-        raise
-    patch.mark_installed(names)
-
-
-def _lifecycle_only() -> bool:
-    """Native mode on a torch that reloads in place: no group ever needs a wrapper."""
-    from ..groups import mode
-
-    return mode.get_reload_mode() == "native" and mode.torch_can_reconfigure()
-
-
-def complete(reason: str) -> None:
-    """Install the wrappers left out in native mode, now that ``reason`` needs them."""
-    with state.LOCK:
-        patch = state.current()
-        if patch is None or patch.complete:
-            return
-        _apply(patch, set(patch.wrappers) - patch.installed)
-        dynamo.register(patch, load="torch.distributed._functional_collectives" in sys.modules)
-        rebound = sweep.rebind_torch()
-        logger.info(
-            "installed the collective wrappers too (%s); rebound %d bindings", reason, len(rebound)
-        )
-    sweep.rebind(None)
 
 
 def monkey_patch_torch_dist(rebind_prefixes: str | Iterable[str] | None = None) -> None:
@@ -178,8 +136,8 @@ def patch(
 ) -> None:
     """``monkey_patch_torch_dist``; at start-up Dynamo's table is not imported just for us."""
     prefixes = sweep.parse_prefixes(rebind_prefixes)
-    with state.LOCK:
-        if state.current() is None:
+    with patchset.LOCK:
+        if patchset.current() is None:
             import torch.distributed as dist
 
             if not dist.is_available():
@@ -189,8 +147,10 @@ def patch(
                 return
             _inject_failure_if_asked()
             built = _build(dist)
-            _apply(built, set(built.lifecycle) if _lifecycle_only() else set(built.wrappers))
-            state.set_current(built)
+            install.apply(
+                built, set(built.lifecycle) if install.lifecycle_only() else set(built.wrappers)
+            )
+            patchset.set_current(built)
             dynamo.register(built, load=load_dynamo_table)
             rebound = sweep.rebind_torch()
             logger.info(

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from ..groups.reloadable import ReloadableProcessGroup
 from ..groups.unwrap import unwrap
-from . import state
+from . import patchset
 from .wrapgen import MARKER, generate
 
 _Native = dist.ProcessGroup
@@ -75,6 +75,6 @@ def _live_group(name: str) -> property:
 
 
 def _wrapper_of(value: Any) -> Any:
-    patch = state.current()
+    patch = patchset.current()
     pair = patch.by_original_id.get(id(value)) if patch is not None else None
     return pair[1] if pair is not None and pair[0] is value else value

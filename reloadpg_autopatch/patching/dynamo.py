@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from . import state
+from . import patchset
 
 MODULE = "torch.distributed._functional_collectives"
 
@@ -25,12 +25,12 @@ def _table() -> dict[Any, Any] | None:
     return table if isinstance(table, dict) else None
 
 
-def register(patch: state.PatchState | None = None, *, load: bool = True) -> int:
+def register(patch: patchset.PatchSet | None = None, *, load: bool = True) -> int:
     """Add our wrappers to the remap table; returns how many entries were added.
 
     With ``load=False`` nothing is imported: 0 when the module is not loaded yet.
     """
-    patch = patch or state.current()
+    patch = patch or patchset.current()
     if patch is None:
         return 0
     if load and MODULE not in sys.modules:
@@ -53,7 +53,7 @@ def register(patch: state.PatchState | None = None, *, load: bool = True) -> int
 
 def report() -> dict[str, list[str]]:
     """Which remappable collectives Dynamo knows under our wrappers, and which it does not."""
-    patch = state.current()
+    patch = patchset.current()
     table = _table()
     out: dict[str, list[str]] = {"registered": [], "missing": []}
     if patch is None or table is None:

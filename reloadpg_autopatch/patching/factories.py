@@ -19,16 +19,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..groups import state
+from ..groups import process
 from ..groups.reloadable import ReloadableProcessGroup
-from . import state as patch_state
+from . import install, patchset
 from .wrapgen import mark
-
-
-def _world() -> Any:
-    from ..groups import world
-
-    return world
 
 
 def _lifecycle() -> Any:
@@ -63,16 +57,14 @@ def outer_wraps(outer: Any, namespace: Any) -> str | None:
 
 def _complete(reason: str) -> None:
     """Collectives must unwrap groups from now on (they stay torch's in native mode)."""
-    patch = patch_state.current()
+    patch = patchset.current()
     if patch is not None and not patch.complete:
-        from .apply import complete
-
-        complete(reason)
+        install.complete(reason)
 
 
 def _step_back(outer: Any, reason: str) -> None:
     label = _label(outer)
-    layers = state.current().outer_layers
+    layers = process.current().outer_layers
     if label in layers:
         return
     layers.add(label)
@@ -128,7 +120,7 @@ def make_destroy_process_group(original: Callable[..., Any]) -> Callable[..., An
         if _lifecycle().release(group):
             return None
         native = _lifecycle().unwrap(group)
-        if native is not None and native is not _world().native_world():
+        if native is not None and native is not _lifecycle().native_world():
             return original(native)
         result = original()  # WORLD, behind its stand-in or not: torch destroys every group
         _lifecycle().end_world()

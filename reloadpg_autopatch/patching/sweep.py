@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from .._env import parse_prefixes
-from . import state
+from . import patchset
 
 logger = logging.getLogger("reloadpg_autopatch")
 _NEVER = ("torch", "reloadpg_autopatch")
@@ -47,7 +47,7 @@ def _scan(selected: Callable[[str], bool], fix: bool) -> list[Rebinding]:
 
 
 def _sweep(modules: Iterable[tuple[str, Any]], fix: bool) -> list[Rebinding]:
-    patch = state.current()
+    patch = patchset.current()
     if patch is None:
         return []
     table = patch.by_original_id

@@ -31,13 +31,13 @@ def _expect(label: str, got: Any, want: Any) -> None:
 
 def _activation() -> str:
     from .._startup import bootstrap
-    from ..patching import apply, state
+    from ..patching import apply, patchset
 
     started_by_site = bootstrap.status()["source"] == "site"
     import torch.distributed  # noqa: F401 - with the .pth active, this is what patches
 
     if started_by_site:
-        if not state.is_patched():
+        if not patchset.is_patched():
             raise RuntimeError("the .pth activated at start-up, but torch.distributed is unpatched")
         return "pth"
     # Not installed with its .pth in this interpreter: patch late and let the sweep work.
@@ -163,9 +163,9 @@ def _bindings(use_megatron: bool) -> dict[str, int]:
         _FOUND.extend(find_bindings("megatron.core"))  # read the source once per rank
     result = check(_FOUND)
     group_taking = len(result["patched"]) + len(result["stale"]) + len(result["unimportable"])
-    from ..patching import state
+    from ..patching import patchset
 
-    if not state.current().complete:
+    if not patchset.current().complete:
         # Native mode: every group is torch's own, so the bindings are right as torch's.
         return {"found": group_taking, "patched": 0, "native": group_taking}
     if result["stale"]:
@@ -219,7 +219,7 @@ def run(args: Any) -> None:
     launch.init_rank(args, backend=args.backend, timeout=args.timeout)
     import torch.distributed as dist
 
-    from ..groups import lifecycle, report, world
+    from ..groups import lifecycle, world
 
     # On gloo, treat gloo as the accelerator so that WORLD takes part in every cycle too.
     world.register_default_process_group(accelerator_backends=(args.backend,))
@@ -267,7 +267,7 @@ def run(args: Any) -> None:
                 "collectives": _collectives(groups, fns, device),
                 "bindings": _bindings(use_megatron),
                 "free_mib": [free_live, free_destroyed, _free_mib(device)],
-                "report": report.last_cycle_report().to_dict(),
+                "report": lifecycle.last_cycle_report().to_dict(),
             }
         )
     dist.destroy_process_group()

@@ -177,17 +177,17 @@ def _check_torch(report: Report, imports: list[str]) -> None:
                 f"cannot import torch.distributed: {type(error).__name__}: {error}"
             )
         return
-    from ..patching import state
+    from ..patching import patchset
 
     report.activation = bootstrap.status()
-    patched = state.is_patched()
+    patched = patchset.is_patched()
     report.torch = {
         "version": torch.__version__,
         "distributed_available": dist.is_available(),
         "patched": patched,
-        "patched_functions": state.patched_names(),
+        "patched_functions": patchset.patched_names(),
         "outer_patch_on_new_group": patched
-        and dist.new_group is not state.current().wrappers["new_group"],
+        and dist.new_group is not patchset.current().wrappers["new_group"],
     }
     if report.gate.get("verdict") == "on" and not patched and report.site_processing:
         report.problems.append(
@@ -259,11 +259,11 @@ def _check_fidelity(report: Report) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from .._startup import hook
+    from .._startup import finder
     from ..groups import aliases, lifecycle
-    from ..patching import dynamo, state
+    from ..patching import dynamo, patchset
 
-    patch = state.current()
+    patch = patchset.current()
     in_c10d = sorted(n for n in patch.installed if n in patch.c10d)
     displaced = [n for n in in_c10d if getattr(c10d, n, None) is not patch.c10d[n]]
     report.fidelity["c10d"] = {
@@ -285,7 +285,7 @@ def _check_fidelity(report: Report) -> None:
                 + ": fullgraph compilation of them fails; patch before compiling anything"
             )
     else:
-        waiting = any(getattr(f, "name", None) == dynamo.MODULE for f in hook.installed())
+        waiting = any(getattr(f, "name", None) == dynamo.MODULE for f in finder.installed())
         report.fidelity["compile"] = {"loaded": False, "waiting": waiting}
         if patch.complete and not waiting:
             report.problems.append(
@@ -321,10 +321,11 @@ def _check_fidelity(report: Report) -> None:
 
 def _check_cycle(report: Report) -> None:
     """The guard's settings, the hooks, and in a live process the last cycle's report."""
+    from ..groups import guard as memory_guard
     from ..groups import hooks, memory
-    from ..groups.report import last_cycle_report
+    from ..groups.lifecycle import last_cycle_report
 
-    guard = memory.get_memory_guard()
+    guard = memory_guard.get_memory_guard()
     last = last_cycle_report()
     report.cycle = {
         "guard": {

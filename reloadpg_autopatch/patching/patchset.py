@@ -1,4 +1,5 @@
-"""What the patch of this process replaced: the one record the sweep and the doctor read."""
+"""The patch set of this process: what it replaced, with what, and where; the sweep and the
+doctor read it, ``install`` is the one place that changes what is installed."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 @dataclass
-class PatchState:
+class PatchSet:
     """torch's originals and our wrappers, by name, and where each wrapper was installed."""
 
     #: ``torch.distributed`` name -> torch's original.
@@ -54,24 +55,24 @@ class PatchState:
         return self.installed >= set(self.wrappers)
 
 
-_STATE: PatchState | None = None
+_CURRENT: PatchSet | None = None
 
 
-def current() -> PatchState | None:
+def current() -> PatchSet | None:
     """The patch of this process, or None when ``torch.distributed`` is untouched."""
-    return _STATE
+    return _CURRENT
 
 
-def set_current(patch: PatchState) -> None:
-    global _STATE
-    _STATE = patch
+def set_current(patch: PatchSet) -> None:
+    global _CURRENT
+    _CURRENT = patch
 
 
 def is_patched() -> bool:
     """Whether ``monkey_patch_torch_dist()`` has run in this process."""
-    return _STATE is not None
+    return _CURRENT is not None
 
 
 def patched_names() -> list[str]:
     """The ``torch.distributed`` names this process's patch replaced."""
-    return sorted(_STATE.installed) if _STATE is not None else []
+    return sorted(_CURRENT.installed) if _CURRENT is not None else []

@@ -1,0 +1,117 @@
+"""What destroy and reload do with each record: pure functions from facts to one step.
+
+The facts are what a rank knows about a record (its state, how it sleeps, whether the program
+still holds it) and, for a reload, what every rank agreed on through the store (who still
+holds the group, who reloads it in place, who released it). ``destroy_step`` and
+``reload_step`` look at nothing else, so they can be tested over every combination of their
+inputs in one process; ``destroy`` and ``reload`` execute each step through a table.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from .record import State, Way
+
+
+class DestroyFacts(NamedTuple):
+    """What ``destroy_process_groups()`` knows about one record on this rank."""
+
+    state: State
+    way: Way
+    #: The program dropped the wrapper (only a wrapper can be dropped: torch holds in-place
+    #: groups in its maps).
+    abandoned: bool
+
+
+class DestroyStep(enum.Enum):
+    """What a destroy does with one record."""
+
+    #: Nothing to free: destroyed already, a non-member, released or ended.
+    NOTHING = "nothing"
+    #: The program dropped it: free it if live, and release it for good.
+    RELEASE_ABANDONED = "release abandoned"
+    #: Destroy the native group behind the wrapper.
+    FREE_WRAPPED = "free wrapped"
+    #: Shut the communicator down inside torch's own object (native mode).
+    FREE_IN_PLACE = "free in place"
+
+
+def destroy_step(facts: DestroyFacts) -> DestroyStep:
+    """The step for one record, from its facts alone."""
+    abandoned = facts.abandoned and facts.way is Way.WRAPPER
+    if abandoned and facts.state in (State.LIVE, State.DESTROYED):
+        return DestroyStep.RELEASE_ABANDONED
+    if facts.state is not State.LIVE:
+        return DestroyStep.NOTHING
+    if facts.way is Way.IN_PLACE:
+        return DestroyStep.FREE_IN_PLACE
+    return DestroyStep.FREE_WRAPPED
+
+
+class ReloadFacts(NamedTuple):
+    """What ``reload_process_groups()`` knows about one record, and what the ranks agreed."""
+
+    state: State
+    way: Way
+    #: Some rank still holds the group (the union of every rank's held groups).
+    needed: bool
+    #: Its members reload it in place (so its non-members have nothing to create).
+    peers_in_place: bool
+    #: A member released it although it reloads in place (it cannot be rebuilt).
+    released_by_a_member: bool
+    #: WORLD was restored by this reload, which tore down every group torch knew.
+    world_restored: bool
+
+
+class ReloadStep(enum.Enum):
+    """What a reload does with one record."""
+
+    #: Nothing: awake already (made while asleep), or ended.
+    NOTHING = "nothing"
+    #: Nobody holds it any more: it ends on every rank at once.
+    FORGET = "forget"
+    #: Create a native group again under its name, serve the wrapper with it.
+    RECREATE = "recreate"
+    #: Its group was made while asleep and torn down by WORLD's restore: recreate it.
+    RECREATE_AFTER_RESTORE = "recreate after restore"
+    #: Reconfigure torch's own object in place (native mode).
+    REBUILD_IN_PLACE = "rebuild in place"
+    #: Not ours (released, or not a member) but a peer needs it: take part in the creation.
+    TAKE_PART = "take part"
+    #: Its members reconfigure it by themselves: a non-member has nothing to do.
+    LEAVE_TO_MEMBERS = "leave to members"
+    #: In place, but released by a member: it cannot be rebuilt.
+    REFUSE_RELEASED_BY_A_MEMBER = "refuse: released by a member"
+    #: In place, released here, but a peer still holds it: it cannot be rebuilt.
+    REFUSE_RELEASED_HERE = "refuse: released here"
+    #: In place, but WORLD's restore tore its communicator down: nothing can rebuild it.
+    REFUSE_TORN_DOWN = "refuse: torn down by WORLD"
+
+
+def reload_step(facts: ReloadFacts) -> ReloadStep:
+    """The step for one record, from its facts and the agreement alone."""
+    state, in_place = facts.state, facts.way is Way.IN_PLACE
+    if state is State.ENDED:
+        return ReloadStep.NOTHING
+    if state in (State.RELEASED, State.NON_MEMBER):
+        if not facts.needed:
+            return ReloadStep.FORGET
+        if in_place:  # only a member reloads in place: it released the group here
+            return ReloadStep.REFUSE_RELEASED_HERE
+        if state is State.NON_MEMBER and facts.peers_in_place:
+            return ReloadStep.LEAVE_TO_MEMBERS
+        return ReloadStep.TAKE_PART
+    if state is State.LIVE:
+        if not facts.world_restored:
+            return ReloadStep.NOTHING
+        return ReloadStep.REFUSE_TORN_DOWN if in_place else ReloadStep.RECREATE_AFTER_RESTORE
+    # DESTROYED
+    if in_place:
+        if facts.world_restored:
+            return ReloadStep.REFUSE_TORN_DOWN
+        if facts.released_by_a_member:
+            return ReloadStep.REFUSE_RELEASED_BY_A_MEMBER
+        return ReloadStep.REBUILD_IN_PLACE
+    return ReloadStep.RECREATE

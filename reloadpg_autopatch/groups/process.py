@@ -1,0 +1,195 @@
+"""The one holder of this process's lifecycle state, with its phase; replaced in a forked child.
+
+Everything the lifecycle knows about this process lives in one ``ProcessState``: the records in
+creation order and the index that finds them, WORLD's registration, the phase of the cycle
+(awake, destroying, asleep, reloading) and its number, the last cycle report, and the memory
+pools handed out. ``PHASES`` lists every phase change allowed and ``ProcessState.move`` refuses
+the others, as ``Record.move`` does for a record.
+
+A forked child inherits the parent's memory but never its groups (their communicators belong to
+the parent), so ``_reset_in_child`` gives it a fresh holder with a fresh lock: that one function
+is the whole fork reset (the program's choices, in ``settings``, survive it). The parent's holder
+is kept alive in the child, never used and never freed: dropping it would run torch destructors
+(gloo joins threads that exist only in the parent) on communicators that belong to the parent,
+and crash the child.
+
+Store keys come from what every rank of a world agrees on (the cycle number, counted from 1 in
+each world, and the step), never from what this process did before it joined the world: a
+restarted rank and a survivor of an earlier world derive the same keys.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TransitionError
+
+if TYPE_CHECKING:
+    from .record import Record
+    from .report import CycleReport
+
+
+class Phase(enum.Enum):
+    """Where this process is in the destroy/reload cycle."""
+
+    #: Groups have their communicators (or sleep only because they were made asleep).
+    AWAKE = "awake"
+    #: ``destroy_process_groups()`` is running.
+    DESTROYING = "destroying"
+    #: Between ``destroy_process_groups()`` and ``reload_process_groups()``.
+    ASLEEP = "asleep"
+    #: ``reload_process_groups()`` is running.
+    RELOADING = "reloading"
+
+
+#: Every phase change allowed. A failed destroy goes back to awake only when it freed nothing;
+#: a failed reload stays asleep (it can be called again); a destroy while asleep frees the
+#: groups made since.
+PHASES: dict[Phase, frozenset[Phase]] = {
+    Phase.AWAKE: frozenset({Phase.DESTROYING}),
+    Phase.DESTROYING: frozenset({Phase.ASLEEP, Phase.AWAKE}),
+    Phase.ASLEEP: frozenset({Phase.DESTROYING, Phase.RELOADING}),
+    Phase.RELOADING: frozenset({Phase.AWAKE, Phase.ASLEEP}),
+}
+
+
+class ProcessState:
+    """This process's groups, its place in the cycle, and what the cycle keeps per process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        #: Every recorded creation still of use, in creation order.
+        self.records: list[Record] = []
+        #: ``id(native) -> record``, and the ``changes`` it was built at (``registry``).
+        self.index: dict[int, Record] = {}
+        self.index_at = -1
+        #: Bumped whenever a record is added or pruned.
+        self.changes = 0
+        #: WORLD's registration (``participants.Registration``), if any.
+        self.world: Any = None
+        #: The default group the records belong to; another one means a new world.
+        self.known_world: Any = None
+        self.phase = Phase.AWAKE
+        #: Cycles begun in this world: the one running or the last one (0: none yet).
+        self.cycle = 0
+        #: Reload attempts begun in this cycle (a refused reload can be called again).
+        self.attempt = 0
+        #: The fresh token of this step's store round, the same on every rank: what torch
+        #: creates in the step (groups, a WORLD) rendezvous under it, so no key an earlier
+        #: world left in the same store is ever read.
+        self.token = ""
+        #: The store and result key of the last world-wide store round (``participants``).
+        self.last_round: tuple[Any, str] | None = None
+        #: Worlds this process has ended, for the cycle report's ``world`` (never for keys).
+        self.worlds_ended = 0
+        #: The step running now in this process, and the thread running it.
+        self.step: str | None = None
+        self.step_thread: int | None = None
+        #: The report of the latest cycle (``last_cycle_report``).
+        self.last_report: CycleReport | None = None
+        #: Why the last world was lost half-way through a step, for the next step's error.
+        self.lost: str | None = None
+        #: Outer ``new_group`` layers we stepped back for (warned once each).
+        self.outer_layers: set[str] = set()
+        #: In a forked child: the parent's WORLD, which this process must never take part in.
+        #: While it is still the default group, destroy and reload have nothing to do here.
+        self.parents_world: Any = None
+        #: Memory pools: ``id(backend) -> (backend, record, device)`` for the backends a
+        #: reloadable group handed out, and ``(id(backend), id(pool)) -> (backend, pool)``
+        #: registered again by the reload running now (``pools``).
+        self.handed: dict[int, tuple[Any, Record, Any]] = {}
+        self.replayed: dict[tuple[int, int], tuple[Any, Any]] = {}
+        #: ``TORCH_GLOO_LAZY_INIT`` while a lazy creation runs: depth and the saved value.
+        self.lazy_depth = 0
+        self.lazy_saved: str | None = None
+
+    def move(self, to: Phase) -> None:
+        """Change phase; a change ``PHASES`` does not list raises ``TransitionError``."""
+        if to not in PHASES[self.phase]:
+            raise TransitionError(
+                f"this process cannot go from {self.phase.value} to {to.value} (a bug of "
+                "reloadpg_autopatch: please report it with the log)"
+            )
+        self.phase = to
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the groups sleep: between a destroy and the reload that ends the cycle."""
+        return self.phase is not Phase.AWAKE
+
+    @property
+    def in_parents_world(self) -> bool:
+        """Whether this is a forked child still inside its parent's WORLD (it holds no group)."""
+        parents = self.parents_world
+        if parents is None:
+            return False
+        from torch.distributed import distributed_c10d as c10d
+
+        return c10d._world.default_pg is parents
+
+    def key(self, step: str, *parts: object) -> str:
+        """A store key of this cycle's ``step`` that no other cycle or step of the world uses.
+
+        ``reloadpg_autopatch/<cycle>/<n>/...``: ``n`` is 0 for the destroy and the attempt
+        for a reload. Every rank derives it from what the world agrees on (the cycle, the
+        step), so ranks agree on it whatever their processes did before: a restarted rank
+        and a survivor of an earlier world meet under the same keys.
+        """
+        n = 0 if step == "destroy" else self.attempt
+        tail = "/".join(str(p) for p in parts)
+        return f"reloadpg_autopatch/{self.cycle}/{n}/{tail}"
+
+    def begin_world(self) -> None:
+        """The world ended: its records are gone and the next world counts cycles from 1."""
+        self.phase = Phase.AWAKE
+        self.cycle = 0
+        self.attempt = 0
+        self.worlds_ended += 1
+        self.world = None
+        self.known_world = None
+
+
+_STATE: ProcessState | None = None
+_CREATE = threading.Lock()
+
+
+def current() -> ProcessState:
+    """This process's state, created on first use."""
+    global _STATE
+    state = _STATE
+    if state is None:
+        with _CREATE:
+            if _STATE is None:
+                _STATE = ProcessState()
+            state = _STATE
+    return state
+
+
+#: The holders this process inherited through fork: referenced for ever, never used.
+_INHERITED: list[ProcessState] = []
+
+
+def _reset_in_child() -> None:
+    """The whole fork reset: a fresh holder (and lock) that knows it is in its parent's world."""
+    global _STATE, _CREATE
+    inherited = _STATE
+    _CREATE = threading.Lock()
+    if inherited is not None:
+        _INHERITED.append(inherited)  # never freed here: see the module's docstring
+    fresh = ProcessState()
+    fresh.parents_world = (inherited and inherited.parents_world) or _default_group()
+    _STATE = fresh
+
+
+def _default_group() -> Any:
+    """The default group now, without importing torch into a process that has not."""
+    import sys
+
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    return getattr(getattr(c10d, "_world", None), "default_pg", None)
+
+
+os.register_at_fork(after_in_child=_reset_in_child)

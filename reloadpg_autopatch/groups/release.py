@@ -1,0 +1,35 @@
+"""The program lets one group go for good: ``torch.distributed.destroy_process_group(g)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import binding, registry, world
+from .record import State
+from .reloadable import ReloadableProcessGroup
+from .unwrap import unwrap
+
+
+def release(group: Any) -> bool:
+    """Destroy one of our groups for good (through the wrapper or its native handle).
+
+    Reload will not revive it. Returns False when ``group`` is not one of ours (WORLD's
+    stand-in included: destroying WORLD ends the world), so the caller hands it to torch.
+    """
+    if isinstance(group, ReloadableProcessGroup):
+        record = group._record
+        if record.is_world:
+            return False
+    else:
+        native = unwrap(group)
+        if native is None or native is world.native_world():
+            return False
+        record = registry.record_of(native)
+        if record is None:
+            return False
+    with registry.lock():
+        if record.state in (State.LIVE, State.DESTROYED):
+            # In place, the object is torch's registered group even while destroyed.
+            binding.unserve(record, destroy=record.state is State.LIVE or record.in_place)
+            record.move(State.RELEASED)
+    return True

@@ -1,0 +1,59 @@
+"""Install wrappers into torch's namespaces: the one write path, below the patch and factories.
+
+``apply`` installs the wrappers it is given, in ``torch.distributed`` and where torch defines
+each one, all or none. In native mode only the lifecycle's functions are installed at first;
+``complete`` installs the rest the moment something needs them (a group behind a wrapper, an
+outer layer that wraps groups itself), with Dynamo's table and torch's own bindings updated.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from typing import Any
+
+from . import dynamo, patchset, sweep
+
+logger = logging.getLogger("reloadpg_autopatch")
+
+
+def apply(patch: patchset.PatchSet, names: set[str]) -> None:
+    """Install the wrappers of ``names`` (all or none: a failure puts torch's back)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    done: list[tuple[types.ModuleType, str, Any]] = []
+    try:
+        for module, wrappers in ((dist, patch.wrappers), (c10d, patch.c10d)):
+            for name, wrapper in wrappers.items():
+                if name in names:
+                    done.append((module, name, getattr(module, name)))
+                    setattr(module, name, wrapper)
+    except BaseException:
+        for module, name, previous in reversed(done):
+            setattr(module, name, previous)
+        raise
+    patch.mark_installed(names)
+
+
+def lifecycle_only() -> bool:
+    """Native mode on a torch that reloads in place: no group ever needs a wrapper."""
+    from ..groups import mode
+
+    return mode.get_reload_mode() == "native" and mode.torch_can_reconfigure()
+
+
+def complete(reason: str) -> None:
+    """Install the wrappers left out in native mode, now that ``reason`` needs them."""
+    with patchset.LOCK:
+        patch = patchset.current()
+        if patch is None or patch.complete:
+            return
+        apply(patch, set(patch.wrappers) - patch.installed)
+        dynamo.register(patch, load="torch.distributed._functional_collectives" in sys.modules)
+        rebound = sweep.rebind_torch()
+        logger.info(
+            "installed the collective wrappers too (%s); rebound %d bindings", reason, len(rebound)
+        )
+    sweep.rebind(None)
