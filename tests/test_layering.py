@@ -164,3 +164,121 @@ def test_the_environment_module_imports_only_os() -> None:
     assert proc.returncode == 0, proc.stderr
     loaded = set(ast.literal_eval(proc.stdout.strip()))
     assert loaded - {"os", "reloadpg_autopatch", "reloadpg_autopatch._env"} == set(), loaded
+
+
+# ---- the import graph: no cycle of any kind, layers that run one way -------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+_MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _every_import(path: Path) -> set[str]:
+    """The package's modules a file imports in any way: at the top, deferred inside a function,
+    or for type checkers only (``if TYPE_CHECKING:``). Each counts for a cycle."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in _MODULES)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if name in _MODULES:
+                found.add(name)
+            found.update(
+                f"{name}.{alias.name}" for alias in node.names if f"{name}.{alias.name}" in _MODULES
+            )
+    found.discard(me)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two modules or more (Tarjan), each a cycle's members."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_the_package_has_no_import_cycle_deferred_and_typing_imports_included() -> None:
+    graph = {name: _every_import(path) for name, path in _MODULES.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    # The oracle itself can fail: a cycle through a deferred import is found.
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    source = "def f():\n    from . import lifecycle\n"
+    tree_names = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
+    assert tree_names == {None}  # ``from . import x`` reaches _every_import as module None
+
+
+#: The layers, top first: a module may import its own layer and the layers below it only.
+LAYERS = (
+    ("reloadpg_autopatch.__main__", "reloadpg_autopatch.tools"),
+    ("reloadpg_autopatch._startup",),
+    ("reloadpg_autopatch.patching",),
+    ("reloadpg_autopatch.groups",),
+    ("reloadpg_autopatch._env", "reloadpg_autopatch._originals", "reloadpg_autopatch.errors"),
+)
+
+
+def _layer(module: str) -> int | None:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    return None  # the package itself: its __init__ imports nothing at the top
+
+
+def test_imports_run_one_way_and_no_groups_module_imports_patching() -> None:
+    upward = []
+    for name, path in sorted(_MODULES.items()):
+        mine = _layer(name)
+        for target in sorted(_every_import(path)):
+            theirs = _layer(target)
+            if mine is not None and theirs is not None and theirs < mine:
+                upward.append(f"{name} -> {target}")
+    assert upward == []
+    groups = [n for n in _MODULES if n.startswith("reloadpg_autopatch.groups")]
+    assert groups, "no groups/ module found: the test reads the wrong tree"
+    into_patching = {
+        n: sorted(
+            t for t in _every_import(_MODULES[n]) if t.startswith("reloadpg_autopatch.patching")
+        )
+        for n in groups
+    }
+    assert {n: t for n, t in into_patching.items() if t} == {}

@@ -1,0 +1,207 @@
+"""The lifecycle's decisions, in one process, over every combination of their inputs.
+
+``decisions.destroy_step`` and ``decisions.reload_step`` are pure: what a destroy or a reload does
+with a record follows from the record's facts and the ranks' agreement alone. Each is compared
+here with this file's own table, written from the documented behaviour, for the whole product
+of its inputs; every step's move must be one the record's transition table allows; and the
+process's phase table is checked pair by pair. Spawned-rank tests show the same steps end to
+end; these show that no combination was forgotten.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from reloadpg_autopatch.groups import destroy, reload
+from reloadpg_autopatch.groups.decisions import (
+    DestroyFacts,
+    DestroyStep,
+    ReloadFacts,
+    ReloadStep,
+    destroy_step,
+    reload_step,
+)
+from reloadpg_autopatch.groups.process import PHASES, Phase, ProcessState
+from reloadpg_autopatch.groups.record import TRANSITIONS, State, TransitionError, Way
+
+# ---- the expected tables, written from the documented behaviour ---------------------------
+
+
+def expected_destroy(f: DestroyFacts) -> DestroyStep:
+    """A destroy frees what this rank holds live, and lets go of what the program dropped."""
+    dropped_wrapper = f.abandoned and f.way is Way.WRAPPER
+    if dropped_wrapper and f.state in (State.LIVE, State.DESTROYED):
+        return DestroyStep.RELEASE_ABANDONED
+    if f.state is State.LIVE:
+        return {Way.WRAPPER: DestroyStep.FREE_WRAPPED, Way.IN_PLACE: DestroyStep.FREE_IN_PLACE}[
+            f.way
+        ]
+    return DestroyStep.NOTHING
+
+
+#: A reload, case by case: (state, in place?) -> the step, or a rule over the agreement.
+def expected_reload(f: ReloadFacts) -> ReloadStep:
+    in_place = f.way is Way.IN_PLACE
+    table = {
+        # Ended: never used again.
+        (State.ENDED, False): ReloadStep.NOTHING,
+        (State.ENDED, True): ReloadStep.NOTHING,
+    }
+    if (f.state, in_place) in table:
+        return table[(f.state, in_place)]
+    if f.state in (State.RELEASED, State.NON_MEMBER):
+        # Not this rank's to hold. Nobody holds it: forgotten everywhere at once.
+        if not f.needed:
+            return ReloadStep.FORGET
+        # Released here although in place: a peer needs it, and it cannot be rebuilt.
+        if in_place:
+            return ReloadStep.REFUSE_RELEASED_HERE
+        # Its members reconfigure it themselves: nothing for a non-member to create.
+        if f.state is State.NON_MEMBER and f.peers_in_place:
+            return ReloadStep.LEAVE_TO_MEMBERS
+        return ReloadStep.TAKE_PART  # torch creates groups collectively
+    if f.state is State.LIVE:  # made while asleep
+        if f.world_restored:  # WORLD's restore tore it down with every group
+            return ReloadStep.REFUSE_TORN_DOWN if in_place else ReloadStep.RECREATE_AFTER_RESTORE
+        return ReloadStep.NOTHING
+    assert f.state is State.DESTROYED
+    if not in_place:
+        return ReloadStep.RECREATE
+    if f.world_restored:
+        return ReloadStep.REFUSE_TORN_DOWN
+    if f.released_by_a_member:
+        return ReloadStep.REFUSE_RELEASED_BY_A_MEMBER
+    return ReloadStep.REBUILD_IN_PLACE
+
+
+BOOLS = (False, True)
+ALL_DESTROY = [DestroyFacts(*c) for c in itertools.product(State, Way, BOOLS)]
+ALL_RELOAD = [ReloadFacts(*c) for c in itertools.product(State, Way, BOOLS, BOOLS, BOOLS, BOOLS)]
+
+
+def _mismatches(decide, expect, combinations) -> list[str]:
+    return [
+        f"{facts}: got {decide(facts)}, expected {expect(facts)}"
+        for facts in combinations
+        if decide(facts) is not expect(facts)
+    ]
+
+
+def test_every_destroy_combination_takes_the_documented_step() -> None:
+    assert len(ALL_DESTROY) == len(State) * len(Way) * 2
+    assert _mismatches(destroy_step, expected_destroy, ALL_DESTROY) == []
+
+
+def test_every_reload_combination_takes_the_documented_step() -> None:
+    assert len(ALL_RELOAD) == len(State) * len(Way) * 16
+    assert _mismatches(reload_step, expected_reload, ALL_RELOAD) == []
+
+
+def test_a_wrong_entry_in_a_decision_is_caught() -> None:
+    """The comparison can fail: one combination answered wrongly is reported, and only it."""
+    wrong = ReloadFacts(State.DESTROYED, Way.WRAPPER, True, False, False, False)
+
+    def broken(facts: ReloadFacts) -> ReloadStep:
+        return ReloadStep.TAKE_PART if facts == wrong else reload_step(facts)
+
+    found = _mismatches(broken, expected_reload, ALL_RELOAD)
+    assert len(found) == 1, found
+    assert "RECREATE" in found[0], found
+
+
+# ---- each step's move is one the record's table allows --------------------------------------
+
+#: The state a step leaves the record in (None: the state stays, or the step raises).
+DESTROY_MOVES = {
+    DestroyStep.NOTHING: None,
+    DestroyStep.RELEASE_ABANDONED: State.RELEASED,
+    DestroyStep.FREE_WRAPPED: State.DESTROYED,
+    DestroyStep.FREE_IN_PLACE: State.DESTROYED,
+}
+RELOAD_MOVES = {
+    ReloadStep.NOTHING: None,
+    ReloadStep.FORGET: State.ENDED,
+    ReloadStep.RECREATE: State.LIVE,
+    ReloadStep.RECREATE_AFTER_RESTORE: State.LIVE,  # through DESTROYED
+    ReloadStep.REBUILD_IN_PLACE: State.LIVE,
+    ReloadStep.TAKE_PART: None,
+    ReloadStep.LEAVE_TO_MEMBERS: None,
+    ReloadStep.REFUSE_RELEASED_BY_A_MEMBER: None,
+    ReloadStep.REFUSE_RELEASED_HERE: None,
+    ReloadStep.REFUSE_TORN_DOWN: None,
+}
+
+
+def _allowed(path: list[State]) -> bool:
+    return all(b in TRANSITIONS[a] for a, b in itertools.pairwise(path))
+
+
+def test_every_step_moves_a_record_only_as_its_transition_table_allows() -> None:
+    for facts in ALL_DESTROY:
+        to = DESTROY_MOVES[destroy_step(facts)]
+        if to is not None:
+            assert _allowed([facts.state, to]), facts
+    for facts in ALL_RELOAD:
+        step = reload_step(facts)
+        to = RELOAD_MOVES[step]
+        if to is None:
+            continue
+        via = [State.DESTROYED] if step is ReloadStep.RECREATE_AFTER_RESTORE else []
+        assert _allowed([facts.state, *via, to]), (facts, step)
+
+
+def test_every_step_has_an_executor() -> None:
+    assert set(destroy.EXECUTE) == set(DestroyStep)
+    assert set(reload.EXECUTE) == set(ReloadStep)
+    assert set(DESTROY_MOVES) == set(DestroyStep)
+    assert set(RELOAD_MOVES) == set(ReloadStep)
+
+
+# ---- the process's phases --------------------------------------------------------------------
+
+#: Written from the documented cycle: destroy, asleep, reload; a failed destroy that freed
+#: nothing is awake again; a failed reload stays asleep; a destroy while asleep is allowed.
+EXPECTED_PHASES = {
+    (Phase.AWAKE, Phase.DESTROYING),
+    (Phase.DESTROYING, Phase.ASLEEP),
+    (Phase.DESTROYING, Phase.AWAKE),
+    (Phase.ASLEEP, Phase.RELOADING),
+    (Phase.ASLEEP, Phase.DESTROYING),
+    (Phase.RELOADING, Phase.AWAKE),
+    (Phase.RELOADING, Phase.ASLEEP),
+}
+
+
+@pytest.mark.parametrize(("start", "end"), list(itertools.product(Phase, Phase)))
+def test_the_process_moves_only_between_the_documented_phases(start: Phase, end: Phase) -> None:
+    assert ((start, end) in EXPECTED_PHASES) == (end in PHASES[start])
+    holder = ProcessState()
+    holder.phase = start
+    if (start, end) in EXPECTED_PHASES:
+        holder.move(end)
+        assert holder.phase is end
+    else:
+        with pytest.raises(TransitionError, match=f"from {start.value} to {end.value}"):
+            holder.move(end)
+        assert holder.phase is start
+
+
+def test_keys_come_from_the_cycle_and_the_step_only() -> None:
+    """Two holders with different histories (worlds ended, reports) derive the same keys."""
+    survivor, fresh = ProcessState(), ProcessState()
+    survivor.worlds_ended, survivor.last_report = 3, object()
+    for holder in (survivor, fresh):
+        holder.cycle, holder.attempt = 2, 1
+    assert survivor.key("destroy", "sync", "destroy") == fresh.key("destroy", "sync", "destroy")
+    assert survivor.key("reload", "agree") == fresh.key("reload", "agree")
+    keys = {
+        fresh.key("destroy", "world", "gloo"),
+        fresh.key("reload", "world", "gloo"),
+    }
+    fresh.attempt = 2  # a reload called again after a refusal
+    keys.add(fresh.key("reload", "world", "gloo"))
+    fresh.cycle = 3
+    keys.add(fresh.key("destroy", "world", "gloo"))
+    assert len(keys) == 4, keys
