@@ -196,7 +196,11 @@ def test_the_sample_makes_the_cycle_calls_in_order_each_marked_on_every_rank() -
 
 API = ROOT / "docs" / "api.md"
 #: Constructed by the package, not by users: their sections show attributes, not a constructor.
+#: Names a program catches or receives but does not build: their sections show the class only.
 NOT_CONSTRUCTED = {"ReloadHookHandle", "ReloadHookError"}
+NOT_CONSTRUCTED |= {
+    n for n in __import__("reloadpg_autopatch.errors").errors.__all__ if n[0].isupper()
+}
 
 
 def _documented_signatures() -> dict[str, list[str]]:
