@@ -61,8 +61,12 @@ in the rank), then the environment, then the defaults. A test may also change
                                     when the pretend device has room (it always does when not)
 ``SUSPENDABLE_BARRIER_TIMEOUT``     seconds before a suspend / resume barrier gives up; default
                                     none, as in NCCL
-``SUSPENDABLE_DEVICE_TOTAL``        the pretend device's size in bytes (default 1 GiB)
-``SUSPENDABLE_DEVICE_OCCUPIED``     bytes another tenant holds on it (default 0; ``occupy()``)
+``SUSPENDABLE_DEVICE_TOTAL``        the pretend device's size in bytes (default 1 GiB; read at
+                                    each query; ``set_device_total()`` wins; every rank)
+``SUSPENDABLE_DEVICE_OCCUPIED``     bytes another tenant holds on it (default 0; read at each
+                                    query; ``occupy()`` wins; every rank)
+``SUSPENDABLE_ACCELERATOR``         the pretend accelerator's device type (default
+                                    ``privateuseone``; read at import)
 ==================================  ===============================================================
 
 Mixed groups (a CPU leg and a pretend accelerator leg, e.g.
@@ -470,7 +474,7 @@ class _Protocol:
         CALLS.append(Call(self.label, op, state, "ok"))
         return result
 
-    def _refuse_unavailable(self, what: str) -> None:
+    def _refuse_unavailable(self, what: str, *, host_side: bool = False) -> None:
         """Errors that come before anything else: no feature, no comm, a dead comm."""
         # In torch's order: the Backend default raises at once; ProcessGroupNCCL looks its
         # comm up first, and only NCCLComm's method knows that it was built without offload.
@@ -482,13 +486,15 @@ class _Protocol:
             raise RuntimeError(UNINITIALIZED_NCCL2 if flavor == "nccl2" else UNINITIALIZED_CLASSIC)
         if kind == "old_nccl":
             raise RuntimeError(f"{what}() requires NCCL 2.29.7 or later")
+        if host_side:
+            return  # ncclCommMemStats reads host counters: a dead CUDA context does not matter
         if self.aborted:
             raise _nccl_error("internal error", "NCCL communicator was aborted")
         if self.state == "faulted":
             raise dist.DistBackendError(self.fault or ILLEGAL_ADDRESS)
 
     def _memory_stats(self) -> dict[str, int]:
-        self._refuse_unavailable("getMemoryStats")
+        self._refuse_unavailable("getMemoryStats", host_side=True)
         suspend, persist = self._stats_bytes
         return {
             "suspend": suspend,

@@ -572,6 +572,7 @@ def _call_log(ctx: Rank) -> dict[str, Any]:
     out["collective"] = _raises(lambda: _sum(group, 1.0))[:2]
     out["sticky"] = _raises(lambda: _sum(group, 1.0))[:2]
     out["resume"] = _raises(backend.resume)[:2]
+    out["stats when faulted"] = backend.memory_stats()["suspended"]
     out["refused"] = [(c.op, c.state) for c in s.collectives(refused=True)]
     return out
 
@@ -594,6 +595,7 @@ def test_variant_b_logs_every_collective_and_refuses_while_suspended() -> None:
         assert message.startswith(suspendable.ILLEGAL_ADDRESS)
         assert out["sticky"] == out["collective"]  # a fault is sticky, as a CUDA error is
         assert out["resume"] == out["collective"]
+        assert out["stats when faulted"] == 0  # host-side stats still answer
         assert out["refused"] == [("allreduce", "suspended"), ("allreduce", "faulted")]
 
 
