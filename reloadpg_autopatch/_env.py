@@ -22,17 +22,29 @@ MODE_ENV = "SLIME_RELOADABLE_PG_MODE"
 MIN_FREE_ENV = "SLIME_RELOADABLE_PG_MIN_FREE_GB"
 #: The guard checks before every collective on an accelerator group, as slime does.
 EVERY_CALL_ENV = "SLIME_RELOADABLE_PG_MEMORY_GUARD_EVERY_CALL"
+#: Seconds one ``suspend()`` or ``resume()`` may take before the watchdog ends the process
+#: (default: WORLD's timeout).
+SUSPEND_TIMEOUT_ENV = "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT"
 #: Testing only: ``patch`` makes the patch raise, to check that nothing breaks.
 FAIL_ENV = "SLIME_RELOADABLE_PG_INJECT_FAILURE"
 
 #: Every variable above, for tools that list or clear them.
-VARIABLES = (GATE, REBIND_ENV, LOG_ENV, MODE_ENV, MIN_FREE_ENV, EVERY_CALL_ENV, FAIL_ENV)
+VARIABLES = (
+    GATE,
+    REBIND_ENV,
+    LOG_ENV,
+    MODE_ENV,
+    MIN_FREE_ENV,
+    EVERY_CALL_ENV,
+    SUSPEND_TIMEOUT_ENV,
+    FAIL_ENV,
+)
 
 # Gate values, compared after ``strip().lower()``; anything else is reported and means off.
 ON_VALUES = ("1", "true", "yes", "on")
 OFF_VALUES = ("", "0", "false", "no", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-MODES = ("wrapper", "native", "auto")
+MODES = ("wrapper", "native", "suspend", "auto")
 
 DEFAULT_PREFIXES: tuple[str, ...] = ("megatron",)
 
@@ -61,6 +73,20 @@ def parse_min_free_gb(raw: str) -> float:
         raise ValueError(
             f"{MIN_FREE_ENV}={excerpt(raw)} is not a number of GiB; accepted: 0 (the memory "
             "guard off) or a positive number such as 3 or 1.5"
+        )
+    return value
+
+
+def parse_seconds(raw: str, variable: str) -> float:
+    """A positive number of seconds from ``variable``; ``ValueError`` names what is accepted."""
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and value != float("inf")):  # also NaN
+        raise ValueError(
+            f"{variable}={excerpt(raw)} is not a number of seconds; accepted: a positive "
+            "number such as 600 or 1.5"
         )
     return value
 

@@ -3,7 +3,8 @@
 No GPU exists where the suite runs, so this module stands in for an NCCL communicator that
 ``ncclCommSuspend`` / ``ncclCommResume`` / ``ncclCommMemStats`` drive (torch's
 ``Backend.suspend`` / ``resume`` / ``memory_stats``). It models the protocol that
-``/work/shared/background/nccl-suspend.md`` §1.2, §1.4 and §1.7 describe, on CPU:
+NCCL's source describes (``ncclCommSuspend``/``ncclCommResume``/``ncclCommMemStats``;
+see ``docs/suspend-facts.md``), on CPU:
 
 - ``memory_stats()`` returns exactly ``{"suspend", "suspended", "persist", "total"}``: the
   suspendable bytes (not decremented by a suspend), 0 or 1, the resident bytes, and their sum.

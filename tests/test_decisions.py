@@ -20,8 +20,11 @@ from reloadpg_autopatch.groups.decisions import (
     DestroyStep,
     ReloadFacts,
     ReloadStep,
+    Reports,
+    Sleep,
     destroy_step,
     reload_step,
+    sleep_verdict,
 )
 from reloadpg_autopatch.groups.process import PHASES, Phase, ProcessState
 from reloadpg_autopatch.groups.record import TRANSITIONS, State, TransitionError, Way
@@ -29,16 +32,35 @@ from reloadpg_autopatch.groups.record import TRANSITIONS, State, TransitionError
 # ---- the expected tables, written from the documented behaviour ---------------------------
 
 
+#: Ways the program holds a wrapper in (the others: torch's own object, never "dropped").
+WRAPPED = (Way.WRAPPER, Way.SUSPEND_WRAPPED)
+
+
 def expected_destroy(f: DestroyFacts) -> DestroyStep:
-    """A destroy frees what this rank holds live, and lets go of what the program dropped."""
-    dropped_wrapper = f.abandoned and f.way is Way.WRAPPER
+    """A destroy frees what this rank holds live, and lets go of what the program dropped.
+
+    A group that sleeps by suspend does what the ranks agreed: suspended, guarded only, kept
+    resident; a fallback destroys it where a wrapper stands for it, and keeps torch's own
+    object resident (nothing can destroy an object the program holds).
+    """
+    dropped_wrapper = f.abandoned and f.way in WRAPPED
     if dropped_wrapper and f.state in (State.LIVE, State.DESTROYED):
         return DestroyStep.RELEASE_ABANDONED
-    if f.state is State.LIVE:
-        return {Way.WRAPPER: DestroyStep.FREE_WRAPPED, Way.IN_PLACE: DestroyStep.FREE_IN_PLACE}[
-            f.way
-        ]
-    return DestroyStep.NOTHING
+    if f.state is not State.LIVE:
+        return DestroyStep.NOTHING
+    if f.way is Way.IN_PLACE:
+        return DestroyStep.FREE_IN_PLACE
+    if f.way is Way.WRAPPER:
+        return DestroyStep.FREE_WRAPPED
+    agreed = {
+        Sleep.SUSPEND: DestroyStep.SUSPEND,
+        Sleep.GUARD: DestroyStep.GUARD,
+        Sleep.RESIDENT: DestroyStep.KEEP_RESIDENT,
+    }
+    if f.verdict in agreed:
+        return agreed[f.verdict]
+    # A fallback, or no verdict (made while asleep: nobody was asked).
+    return DestroyStep.FREE_WRAPPED if f.way is Way.SUSPEND_WRAPPED else DestroyStep.KEEP_RESIDENT
 
 
 #: A reload, case by case: (state, in place?) -> the step, or a rule over the agreement.
@@ -51,6 +73,10 @@ def expected_reload(f: ReloadFacts) -> ReloadStep:
     }
     if (f.state, in_place) in table:
         return table[(f.state, in_place)]
+    if f.state is State.BROKEN:  # half-suspended or half-resumed: nothing may touch it
+        return ReloadStep.NOTHING
+    if f.state is State.SUSPENDED:  # every member resumes it; then a pending release
+        return ReloadStep.RESUME_THEN_RELEASE if f.release_pending else ReloadStep.RESUME
     if f.state in (State.RELEASED, State.NON_MEMBER):
         # Not this rank's to hold. Nobody holds it: forgotten everywhere at once.
         if not f.needed:
@@ -77,8 +103,11 @@ def expected_reload(f: ReloadFacts) -> ReloadStep:
 
 
 BOOLS = (False, True)
-ALL_DESTROY = [DestroyFacts(*c) for c in itertools.product(State, Way, BOOLS)]
-ALL_RELOAD = [ReloadFacts(*c) for c in itertools.product(State, Way, BOOLS, BOOLS, BOOLS, BOOLS)]
+VERDICTS = (None, *Sleep)
+ALL_DESTROY = [DestroyFacts(*c) for c in itertools.product(State, Way, BOOLS, VERDICTS)]
+ALL_RELOAD = [
+    ReloadFacts(*c) for c in itertools.product(State, Way, BOOLS, BOOLS, BOOLS, BOOLS, BOOLS)
+]
 
 
 def _mismatches(decide, expect, combinations) -> list[str]:
@@ -90,18 +119,18 @@ def _mismatches(decide, expect, combinations) -> list[str]:
 
 
 def test_every_destroy_combination_takes_the_documented_step() -> None:
-    assert len(ALL_DESTROY) == len(State) * len(Way) * 2
+    assert len(ALL_DESTROY) == len(State) * len(Way) * 2 * (len(Sleep) + 1)
     assert _mismatches(destroy_step, expected_destroy, ALL_DESTROY) == []
 
 
 def test_every_reload_combination_takes_the_documented_step() -> None:
-    assert len(ALL_RELOAD) == len(State) * len(Way) * 16
+    assert len(ALL_RELOAD) == len(State) * len(Way) * 32
     assert _mismatches(reload_step, expected_reload, ALL_RELOAD) == []
 
 
 def test_a_wrong_entry_in_a_decision_is_caught() -> None:
     """The comparison can fail: one combination answered wrongly is reported, and only it."""
-    wrong = ReloadFacts(State.DESTROYED, Way.WRAPPER, True, False, False, False)
+    wrong = ReloadFacts(State.DESTROYED, Way.WRAPPER, False, True, False, False, False)
 
     def broken(facts: ReloadFacts) -> ReloadStep:
         return ReloadStep.TAKE_PART if facts == wrong else reload_step(facts)
@@ -109,6 +138,24 @@ def test_a_wrong_entry_in_a_decision_is_caught() -> None:
     found = _mismatches(broken, expected_reload, ALL_RELOAD)
     assert len(found) == 1, found
     assert "RECREATE" in found[0], found
+
+
+def expected_verdict(r: Reports) -> Sleep:
+    """What the ranks' answers about one group mean, the same on every rank."""
+    if r.released:  # a member let go: a suspend would wait for it in NCCL's barrier
+        return Sleep.RESIDENT
+    if r.unsupported:
+        return Sleep.FALLBACK
+    if r.ok and r.uninitialized:  # the members disagree
+        return Sleep.FALLBACK
+    if r.uninitialized:
+        return Sleep.GUARD
+    return Sleep.SUSPEND if r.ok else Sleep.FALLBACK
+
+
+def test_every_combination_of_answers_gives_the_documented_verdict() -> None:
+    every = [Reports(*c) for c in itertools.product(BOOLS, repeat=4)]
+    assert _mismatches(sleep_verdict, expected_verdict, every) == []
 
 
 # ---- each step's move is one the record's table allows --------------------------------------
@@ -119,6 +166,9 @@ DESTROY_MOVES = {
     DestroyStep.RELEASE_ABANDONED: State.RELEASED,
     DestroyStep.FREE_WRAPPED: State.DESTROYED,
     DestroyStep.FREE_IN_PLACE: State.DESTROYED,
+    DestroyStep.SUSPEND: State.SUSPENDED,
+    DestroyStep.GUARD: State.SUSPENDED,
+    DestroyStep.KEEP_RESIDENT: None,
 }
 RELOAD_MOVES = {
     ReloadStep.NOTHING: None,
@@ -131,6 +181,8 @@ RELOAD_MOVES = {
     ReloadStep.REFUSE_RELEASED_BY_A_MEMBER: None,
     ReloadStep.REFUSE_RELEASED_HERE: None,
     ReloadStep.REFUSE_TORN_DOWN: None,
+    ReloadStep.RESUME: State.LIVE,
+    ReloadStep.RESUME_THEN_RELEASE: State.RELEASED,  # through LIVE
 }
 
 
@@ -148,7 +200,10 @@ def test_every_step_moves_a_record_only_as_its_transition_table_allows() -> None
         to = RELOAD_MOVES[step]
         if to is None:
             continue
-        via = [State.DESTROYED] if step is ReloadStep.RECREATE_AFTER_RESTORE else []
+        via = {
+            ReloadStep.RECREATE_AFTER_RESTORE: [State.DESTROYED],
+            ReloadStep.RESUME_THEN_RELEASE: [State.LIVE],
+        }.get(step, [])
         assert _allowed([facts.state, *via, to]), (facts, step)
 
 

@@ -13,6 +13,7 @@ import pytest
 from reloadpg_autopatch.groups.record import TRANSITIONS, Record, State, TransitionError
 
 L, D, N, R, E = State.LIVE, State.DESTROYED, State.NON_MEMBER, State.RELEASED, State.ENDED
+S, B = State.SUSPENDED, State.BROKEN
 
 ALLOWED = {
     (L, D),  # destroy_process_groups() frees it
@@ -23,6 +24,15 @@ ALLOWED = {
     (D, E),
     (N, E),  # no member needs it any more, or its world is destroyed
     (R, E),  # no rank needs it any more, or its world is destroyed
+    # Suspend mode: the communicator sleeps in place and wakes; one that fails half-way is
+    # broken for good.
+    (L, S),  # destroy_process_groups() suspends it (or only guards it)
+    (S, L),  # reload_process_groups() resumes it
+    (S, R),  # released once the reload resumed it with its peers
+    (S, E),  # its world is destroyed
+    (S, B),  # a suspend or a resume failed half-way
+    (B, R),  # the program lets go of a broken group
+    (B, E),  # its world is destroyed
 }
 
 

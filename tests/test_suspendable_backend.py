@@ -2,8 +2,8 @@
 
 No GPU exists where this suite runs, so the package's suspend mode is tested against a stand-in
 for an NCCL communicator: ``tests/suspendable.py``, on gloo. These tests prove that the
-stand-in is faithful to what ``/work/shared/background/nccl-suspend.md`` §1.2, §1.4 and §1.7
-say torch and NCCL do (the four stats keys; suspend and resume as barriers; invalid usage
+stand-in is faithful to what torch and NCCL do, as their sources say (``docs/suspend-facts.md``:
+the four stats keys; suspend and resume as barriers; invalid usage
 raised before the barrier; the lazy-init, unsupported, hang, failure and memory cases), so
 that a package test that passes against it means something.
 

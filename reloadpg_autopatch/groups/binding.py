@@ -38,9 +38,9 @@ def unserve(record: Record, destroy: bool) -> None:
 
 
 def abandoned(record: Record) -> bool:
-    """Whether the program dropped the record's wrapper (torch's maps hold in-place groups)."""
+    """Whether the program dropped the record's wrapper (torch's maps hold its own groups)."""
     return (
-        not record.in_place
+        not record.way.torch_object
         and record.member
         and record.wrapper is None
         and record.state in (State.LIVE, State.DESTROYED)

@@ -18,10 +18,8 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native, original
-from ..errors import ModeRefusedError
-from . import guard, mode, names, policy, process, registry, world
-from .participants import is_registered
-from .record import State, Way
+from . import guard, mode, names, policy, process, registry, suspended, world
+from .record import State
 from .reloadable import ReloadableProcessGroup
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -47,9 +45,13 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     except TypeError:
         return create_native(*args, **kwargs)  # raises torch's own error
     wrap = dist.is_initialized() and policy.should_wrap(
-        arguments.get("ranks"), arguments.get("backend"), is_registered()
+        arguments.get("ranks"), arguments.get("backend"), world.destroys_every_group()
     )
-    if not wrap:
+    # The policy reads backend names; suspend reads torch's answers. In suspend and auto modes
+    # a group the name-based rule leaves alone is asked once it exists, and taken if it can
+    # suspend, whatever device its backend is registered for (a plugin, a test backend).
+    ask = not wrap and dist.is_initialized() and policy.may_suspend(arguments.get("ranks"))
+    if not wrap and not ask:
         return create_native(*args, **kwargs)
 
     # No lock of ours is held here: torch's new_group waits for the other ranks, which may be
@@ -64,38 +66,27 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if holder.known_world is None:
             holder.known_world = c10d._world.default_pg
     if type(native) is _Native:
+        if ask and not suspended.capability(native).suspends:
+            return native  # the rule's answer stands: it stays torch's, ours to leave alone
         try:
-            in_place = _reloads_in_place(native)
+            way = mode.way_for(native, world_swaps=world.needs_swap())
         except RuntimeError:  # refused by the mode (or torch would not say): nothing leaks
             destroy_native(native)
             raise
+        if way is None:
+            return native  # a CPU group in suspend mode: it stays awake, ours to leave alone
         record = registry.add(args, kwargs, str(native.group_name), State.LIVE)
         record.native = native
-        if in_place:
-            record.way = Way.IN_PLACE
+        record.way = way
+        if way.torch_object:
             mode.copy_as_handle()
             return native
         wrapper = ReloadableProcessGroup(native, None, _record=record)
         if guard.get_memory_guard().every_call:
             guard.arm(wrapper)  # slime's behaviour checks from the first collective on
         return wrapper
-    if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None:
+    if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None and not ask:
         registry.add(args, kwargs, seen.last, State.NON_MEMBER)
     elif native is not None and not isinstance(native, int):
         logger.debug("leaving %s native: new_group returned a custom class", type(native))
     return native
-
-
-def _reloads_in_place(native: Any) -> bool:
-    """Whether a new group reloads in place (the mode, and a WORLD that is not swapped)."""
-    if not mode.reloads_in_place(native):
-        return False
-    if world.needs_swap():
-        if mode.get_reload_mode() == "native":
-            raise ModeRefusedError(
-                f"group {native.group_name!r} cannot be reloaded in place: WORLD is registered "
-                "and swapped for a temporary WORLD on destroy, which destroys every group; "
-                "register WORLD in native mode too, or use mode 'auto'"
-            )
-        return False
-    return True

@@ -15,6 +15,44 @@ from typing import NamedTuple
 from .record import State, Way
 
 
+class Sleep(enum.Enum):
+    """What the ranks agreed a suspend-mode group does at this destroy."""
+
+    #: Every member's communicator answered: suspend it, and guard the group.
+    SUSPEND = "suspend"
+    #: No member's communicator exists yet (NCCL initializes lazily): nothing to free, but
+    #: the group is guarded so that nothing initializes it while asleep.
+    GUARD = "guard"
+    #: Some member cannot suspend it, or their answers differ: destroyed behind its wrapper,
+    #: or left resident when the program holds torch's own object.
+    FALLBACK = "fallback"
+    #: A member released it: it stays as it is on every other member (a suspend would wait
+    #: in NCCL's barrier for the member that let go).
+    RESIDENT = "resident"
+
+
+class Reports(NamedTuple):
+    """Whether some member reported each answer about one group at the destroy's agreement."""
+
+    ok: bool
+    uninitialized: bool
+    unsupported: bool
+    released: bool
+
+
+def sleep_verdict(reports: Reports) -> Sleep:
+    """One group's verdict from every member's answer: the same on every rank."""
+    if reports.released:
+        return Sleep.RESIDENT
+    if reports.unsupported or (reports.ok and reports.uninitialized):
+        return Sleep.FALLBACK
+    if reports.uninitialized:
+        return Sleep.GUARD
+    if reports.ok:
+        return Sleep.SUSPEND
+    return Sleep.FALLBACK  # nobody answered: a group no member holds any more
+
+
 class DestroyFacts(NamedTuple):
     """What ``destroy_process_groups()`` knows about one record on this rank."""
 
@@ -23,6 +61,8 @@ class DestroyFacts(NamedTuple):
     #: The program dropped the wrapper (only a wrapper can be dropped: torch holds in-place
     #: groups in its maps).
     abandoned: bool
+    #: For a group that sleeps by suspend: what the ranks agreed (None: another way).
+    verdict: Sleep | None = None
 
 
 class DestroyStep(enum.Enum):
@@ -36,15 +76,30 @@ class DestroyStep(enum.Enum):
     FREE_WRAPPED = "free wrapped"
     #: Shut the communicator down inside torch's own object (native mode).
     FREE_IN_PLACE = "free in place"
+    #: Guard the group, then suspend its communicator (suspend mode).
+    SUSPEND = "suspend"
+    #: Guard the group; nothing to suspend (no communicator yet).
+    GUARD = "guard"
+    #: Leave it awake and resident, and say so in the report.
+    KEEP_RESIDENT = "keep resident"
 
 
 def destroy_step(facts: DestroyFacts) -> DestroyStep:
-    """The step for one record, from its facts alone."""
-    abandoned = facts.abandoned and facts.way is Way.WRAPPER
+    """The step for one record, from its facts (and, in suspend mode, the verdict) alone."""
+    abandoned = facts.abandoned and not facts.way.torch_object
     if abandoned and facts.state in (State.LIVE, State.DESTROYED):
         return DestroyStep.RELEASE_ABANDONED
     if facts.state is not State.LIVE:
         return DestroyStep.NOTHING
+    if facts.way.suspends:
+        verdict = facts.verdict if facts.verdict is not None else Sleep.FALLBACK
+        if verdict is Sleep.SUSPEND:
+            return DestroyStep.SUSPEND
+        if verdict is Sleep.GUARD:
+            return DestroyStep.GUARD
+        if verdict is Sleep.FALLBACK and facts.way is Way.SUSPEND_WRAPPED:
+            return DestroyStep.FREE_WRAPPED
+        return DestroyStep.KEEP_RESIDENT
     if facts.way is Way.IN_PLACE:
         return DestroyStep.FREE_IN_PLACE
     return DestroyStep.FREE_WRAPPED
@@ -55,6 +110,8 @@ class ReloadFacts(NamedTuple):
 
     state: State
     way: Way
+    #: The program released it while it slept suspended (``destroy_process_group(g)``).
+    release_pending: bool
     #: Some rank still holds the group (the union of every rank's held groups).
     needed: bool
     #: Its members reload it in place (so its non-members have nothing to create).
@@ -88,13 +145,20 @@ class ReloadStep(enum.Enum):
     REFUSE_RELEASED_HERE = "refuse: released here"
     #: In place, but WORLD's restore tore its communicator down: nothing can rebuild it.
     REFUSE_TORN_DOWN = "refuse: torn down by WORLD"
+    #: Suspended (or only guarded): resume it and lift the guard.
+    RESUME = "resume"
+    #: Suspended, and released by the program while it slept: resume it with its peers (the
+    #: resume is collective), then free it here.
+    RESUME_THEN_RELEASE = "resume, then release"
 
 
 def reload_step(facts: ReloadFacts) -> ReloadStep:
     """The step for one record, from its facts and the agreement alone."""
     state, in_place = facts.state, facts.way is Way.IN_PLACE
-    if state is State.ENDED:
+    if state in (State.ENDED, State.BROKEN):
         return ReloadStep.NOTHING
+    if state is State.SUSPENDED:
+        return ReloadStep.RESUME_THEN_RELEASE if facts.release_pending else ReloadStep.RESUME
     if state in (State.RELEASED, State.NON_MEMBER):
         if not facts.needed:
             return ReloadStep.FORGET

@@ -15,7 +15,7 @@ from .creation import create
 from .destroy import destroy_process_groups
 from .record import State
 from .release import release
-from .reload import reload_process_groups
+from .reload import reload_process_groups, wake_before_world_ends
 from .report import CycleReport
 from .unwrap import unwrap
 from .world import end_world, native_world, threaded_world
@@ -31,6 +31,7 @@ __all__ = [
     "reloadable_groups",
     "threaded_world",
     "unwrap",
+    "wake_before_world_ends",
 ]
 
 

@@ -21,6 +21,14 @@ logger = logging.getLogger("reloadpg_autopatch")
 GiB = float(2**30)
 
 
+def human(nbytes: float) -> str:
+    """Bytes for a message: GiB from 1 GiB up, else MiB, else KiB."""
+    for unit, size in (("GiB", GiB), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+        if abs(nbytes) >= size or unit == "KiB":
+            return f"{nbytes / size:.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
 class MemoryFigures(NamedTuple):
     """Accelerator memory of one device, in bytes."""
 
@@ -126,9 +134,9 @@ def device_of(native: Any) -> torch.device | None:
         kind = device.type if isinstance(device, torch.device) else str(device)
         if types is None:
             if kind != "cpu" and _present(kind):
-                return _current(kind)
+                return current_device(kind)
         elif kind in types:
-            return _current(kind)
+            return current_device(kind)
     return None
 
 
@@ -140,7 +148,7 @@ def _present(kind: str) -> bool:
         return False
 
 
-def _current(kind: str) -> torch.device:
+def current_device(kind: str) -> torch.device:
     module = _device_module(kind)
     current = getattr(module, "current_device", None)
     if kind == "cpu" or current is None:
@@ -169,10 +177,10 @@ def primary_device() -> torch.device | None:
     types = settings.current().probe_types
     if types is not None:
         kind = sorted(types)[0]
-        return _current(kind)
+        return current_device(kind)
     for kind in ("cuda", "xpu"):
         if _present(kind):
-            return _current(kind)
+            return current_device(kind)
     return None
 
 

@@ -1,12 +1,15 @@
-"""How a reloadable group reloads: behind a wrapper, or in place (torch 2.14+).
+"""How a reloadable group sleeps and wakes: behind a wrapper, in place, or suspended.
 
 ``wrapper`` (the default): a reload creates a new native group, and the program keeps holding a
 ``ReloadableProcessGroup`` that points at it. ``native``: torch 2.14 can rebuild a group's
 communicator inside the same ``ProcessGroup`` object (``ProcessGroup.reconfigure``), so the
 program holds torch's own group, before and after every reload, and nothing needs to stand in
-for it; a group that cannot do that is refused loudly. ``auto``: in place where the group can,
-behind a wrapper where it cannot. Chosen with ``SLIME_RELOADABLE_PG_MODE`` or
-``set_reload_mode``; the default stays ``wrapper`` until the NCCL path has been measured on a GPU.
+for it; a group that cannot do that is refused loudly. ``suspend``: destroy suspends each
+accelerator group's communicator (``Backend.suspend()``, NCCL 2.29.7+) and reload resumes it,
+keeping every object; groups on a CPU backend (gloo) are left alone, awake; a group with an
+accelerator backend that cannot suspend is refused loudly. ``auto``: suspend where the backend
+can, else in place, else behind a wrapper. Chosen with ``SLIME_RELOADABLE_PG_MODE`` or
+``set_reload_mode``; the default stays ``wrapper`` until the NCCL paths have run on a GPU.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import torch.distributed as dist
 
 from .._env import MODE_ENV, MODES
 from ..errors import ModeRefusedError
-from . import settings
+from . import settings, suspended
 from .backends import device_backends
+from .record import Way
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -33,7 +37,8 @@ def _checked(mode: object) -> str:
 
 
 def set_reload_mode(mode: str) -> None:
-    """Choose how new reloadable groups reload: ``"wrapper"``, ``"native"`` or ``"auto"``."""
+    """Choose how new reloadable groups reload: ``"wrapper"``, ``"native"``, ``"suspend"`` or
+    ``"auto"``."""
     chosen = _checked(mode)
     held = settings.current()
     with held.lock:
@@ -129,3 +134,59 @@ def reloads_in_place(group: Any) -> bool:
             "use mode 'auto' to reload such groups behind a wrapper, or 'wrapper' for all"
         )
     return False
+
+
+def suspend_refusal(group: Any, capability: suspended.Capability | None = None) -> str | None:
+    """Why ``group`` cannot suspend in place, or None when it can."""
+    if not suspended.torch_can_suspend():
+        return f"torch {torch.__version__} has no Backend.suspend (torch 2.12 and later)"
+    found = capability if capability is not None else suspended.capability(group)
+    if found.refusals:
+        return "; ".join(found.refusals)
+    if not found.legs:
+        return "it has no backend that holds accelerator memory (a CPU backend stays awake)"
+    return None
+
+
+def way_for(group: Any, *, world_swaps: bool) -> Way | None:
+    """How a new member's group sleeps and wakes, per the mode in force; None: left alone.
+
+    ``world_swaps``: WORLD is swapped on destroy, which destroys every group torch knows, so no
+    group can sleep in place. In ``native`` and ``suspend`` modes a group that cannot be
+    reloaded as asked is refused with a ``ModeRefusedError`` naming why; in ``suspend`` mode a
+    group on a CPU backend only (gloo) is left alone: it holds no accelerator memory and stays
+    usable while the others sleep.
+    """
+    mode = get_reload_mode()
+    if mode == "wrapper":
+        return Way.WRAPPER
+    name = getattr(group, "group_name", "?")
+    if mode in ("suspend", "auto"):
+        found = suspended.capability(group) if suspended.torch_can_suspend() else None
+        refusal = suspend_refusal(group, found)
+        if refusal is None and not world_swaps:
+            return Way.SUSPEND if suspended.torch_has_pre_hooks() else Way.SUSPEND_WRAPPED
+        if mode == "suspend":
+            if found is not None and found.cpu_only:
+                return None
+            raise ModeRefusedError(
+                f"{MODE_ENV}=suspend (or set_reload_mode('suspend')) but group {name!r} cannot "
+                "be suspended in place: "
+                + (
+                    "WORLD is registered and swapped for a temporary WORLD on destroy, which "
+                    "destroys every group; register WORLD in suspend mode too"
+                    if refusal is None
+                    else refusal
+                )
+                + "; use mode 'auto' to reload such groups another way"
+            )
+    if world_swaps:
+        if mode == "native" and in_place_refusal(group) is None:
+            raise ModeRefusedError(
+                f"group {name!r} cannot be reloaded in place: WORLD is registered and swapped "
+                "for a temporary WORLD on destroy, which destroys every group; register WORLD "
+                "in native mode too, or use mode 'auto'"
+            )
+        if mode != "native":
+            return Way.WRAPPER
+    return Way.IN_PLACE if reloads_in_place(group) else Way.WRAPPER

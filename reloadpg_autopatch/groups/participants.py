@@ -35,6 +35,10 @@ class Registration:
     temporary_backend: str
     #: WORLD is reconfigured in place on reload (native mode), never swapped.
     in_place: bool = False
+    #: WORLD's communicator is suspended in place (suspend mode): no swap, and ``record``
+    #: stands for WORLD in destroy and reload (behind ``stand_in`` on torch 2.13).
+    suspend: bool = False
+    record: Any = None
     swapped: bool = False
     #: When WORLD is swapped: what WORLD's name resolves to, across every swap. Whatever
     #: resolved the name (a DeviceMesh dimension, FSDP2) holds this, not a WORLD that goes.

@@ -54,6 +54,16 @@ def get_wrap_policy() -> Policy:
     return settings.current().policy
 
 
+def may_suspend(ranks: Sequence[int] | None) -> bool:
+    """Whether a group the rule leaves alone is still asked if it can suspend: under the
+    ``"auto"`` policy, in the ``suspend`` and ``auto`` reload modes, for more than one rank."""
+    from .mode import get_reload_mode
+
+    if settings.current().policy != "auto" or get_reload_mode() not in ("suspend", "auto"):
+        return False
+    return (dist.get_world_size() if ranks is None else len(tuple(ranks))) > 1
+
+
 def should_wrap(ranks: Sequence[int] | None, backend: object, world_registered: bool) -> bool:
     """Apply the policy in force to a group with these ranks and this (resolved) backend."""
     policy = settings.current().policy

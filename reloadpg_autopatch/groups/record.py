@@ -23,6 +23,12 @@ class State(enum.Enum):
     LIVE = "live"
     #: A member whose native group ``destroy_process_groups()`` freed; reload rebuilds it.
     DESTROYED = "destroyed"
+    #: A member whose communicator sleeps in place (``suspend`` mode): the native group stays,
+    #: its memory is released and every use is refused until reload resumes it.
+    SUSPENDED = "suspended"
+    #: A member whose communicator failed half-way through a suspend or a resume: it cannot
+    #: be used again in this process.
+    BROKEN = "broken"
     #: This rank is not in the group. Reload replays the creation while a member needs it,
     #: because torch creates a group collectively (a communicator split, for instance).
     NON_MEMBER = "non-member"
@@ -35,8 +41,10 @@ class State(enum.Enum):
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.LIVE: frozenset({State.DESTROYED, State.RELEASED, State.ENDED}),
+    State.LIVE: frozenset({State.DESTROYED, State.SUSPENDED, State.RELEASED, State.ENDED}),
     State.DESTROYED: frozenset({State.LIVE, State.RELEASED, State.ENDED}),
+    State.SUSPENDED: frozenset({State.LIVE, State.BROKEN, State.RELEASED, State.ENDED}),
+    State.BROKEN: frozenset({State.RELEASED, State.ENDED}),
     State.NON_MEMBER: frozenset({State.ENDED}),
     State.RELEASED: frozenset({State.ENDED}),
     State.ENDED: frozenset(),
@@ -50,6 +58,20 @@ class Way(enum.Enum):
     WRAPPER = "wrapper"
     #: The program holds torch's own group; reload reconfigures it in place (torch 2.14).
     IN_PLACE = "in place"
+    #: The program holds torch's own group; destroy suspends its communicator, guarded by a
+    #: pre-hook while it sleeps (torch 2.14), and reload resumes it.
+    SUSPEND = "suspend"
+    #: The same behind a wrapper, whose empty fast slot is the guard (torch 2.13: no hooks).
+    SUSPEND_WRAPPED = "suspend behind a wrapper"
+
+    @property
+    def torch_object(self) -> bool:
+        """Whether the program holds torch's own group object (no wrapper)."""
+        return self in (Way.IN_PLACE, Way.SUSPEND)
+
+    @property
+    def suspends(self) -> bool:
+        return self in (Way.SUSPEND, Way.SUSPEND_WRAPPED)
 
 
 def _copy_arg(value: Any) -> Any:
@@ -71,7 +93,9 @@ class Record:
         "name",
         "native",
         "published",
+        "release_pending",
         "replays",
+        "sleep",
         "state",
         "timeout",
         "way",
@@ -107,6 +131,10 @@ class Record:
         self.replays: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         #: In place: the device the memory guard checks before the rebuild (None: none).
         self.device: Any = None
+        #: While it sleeps in ``suspend`` mode: what was suspended, and how (``suspended``).
+        self.sleep: Any = None
+        #: ``destroy_process_group(g)`` while it slept: released once the reload resumed it.
+        self.release_pending = False
 
     def move(self, to: State) -> None:
         """Change state; a move ``TRANSITIONS`` does not list raises ``TransitionError``."""
@@ -127,16 +155,17 @@ class Record:
 
     @property
     def in_place(self) -> bool:
+        """Whether reload reconfigures torch's own object (native mode)."""
         return self.way is Way.IN_PLACE
 
     @property
     def member(self) -> bool:
-        return self._ref is not None or self.in_place
+        return self._ref is not None or self.way.torch_object
 
     @property
     def held(self) -> Any:
-        """The group object the program holds: the wrapper, or the native group in place."""
-        return self.native if self.in_place else self.wrapper
+        """The group object the program holds: the wrapper, or torch's own group."""
+        return self.native if self.way.torch_object else self.wrapper
 
     def set_native(self, native: Any) -> None:
         """Point the record, and the program's wrapper if it still has one, at ``native``."""

@@ -13,7 +13,8 @@ from .unwrap import unwrap
 def release(group: Any) -> bool:
     """Destroy one of our groups for good (through the wrapper or its native handle).
 
-    Reload will not revive it. Returns False when ``group`` is not one of ours (WORLD's
+    Reload will not revive it; one that sleeps suspended is released once the next reload
+    has resumed it with its peers. Returns False when ``group`` is not one of ours (WORLD's
     stand-in included: destroying WORLD ends the world), so the caller hands it to torch.
     """
     if isinstance(group, ReloadableProcessGroup):
@@ -28,7 +29,14 @@ def release(group: Any) -> bool:
         if record is None:
             return False
     with registry.lock():
-        if record.state in (State.LIVE, State.DESTROYED):
+        if record.state is State.SUSPENDED:
+            # Its communicator sleeps with its peers': they resume it together at the next
+            # reload (a resume is collective), and then it goes here.
+            record.release_pending = True
+        elif record.state is State.BROKEN:
+            binding.unserve(record, destroy=False)  # its communicator cannot be trusted
+            record.move(State.RELEASED)
+        elif record.state in (State.LIVE, State.DESTROYED):
             # In place, the object is torch's registered group even while destroyed.
             binding.unserve(record, destroy=record.state is State.LIVE or record.in_place)
             record.move(State.RELEASED)

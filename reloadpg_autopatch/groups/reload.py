@@ -1,15 +1,18 @@
 """``reload_process_groups()``: rebuild, in creation order, every group some rank still holds.
 
-Before creating anything, the ranks publish through the store which groups they still hold
-(``agree``), so a group every rank let go of is dropped on every rank at once and the creations
-stay aligned. Then WORLD comes back (when it was swapped), and each record takes the step
-``decisions.reload_step`` gives it, executed through ``EXECUTE``. Each group is created again
-under the name it always had, with keys of this cycle (``names``), and gets back its timeout
-and what was registered on it (``Record.replays``).
+Before touching anything, the ranks publish through the store which groups they still hold and
+whether they have the memory to resume what sleeps by suspend (``agree``), so a group every rank
+let go of is dropped on every rank at once, the creations stay aligned, and a rank short of
+memory makes every rank refuse alike before any resume. Then the suspended groups resume in
+creation order (WORLD first) and their guards come off, WORLD comes back (when it was swapped),
+and each record takes the step ``decisions.reload_step`` gives it, executed through
+``EXECUTE``. Each group is created again under the name it always had, with keys of this cycle
+(``names``), and gets back its timeout and what was registered on it (``Record.replays``).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
@@ -22,13 +25,15 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native, original
-from ..errors import ModeRefusedError, ReloadPGError, WorldLostError
+from ..errors import MemoryShortError, ModeRefusedError, ReloadPGError, WorldLostError
 from . import (
     binding,
+    destroy,
     faults,
     guard,
     hooks,
     inplace,
+    memory,
     names,
     participants,
     pools,
@@ -36,6 +41,7 @@ from . import (
     registry,
     rendezvous,
     report,
+    suspended,
     world,
 )
 from .backends import device_backends
@@ -56,12 +62,54 @@ class Agreement:
     def __init__(self, merged: dict[str, Any]) -> None:
         #: Groups some rank still holds: they are rebuilt, the others are forgotten.
         self.needed = set(merged["held"])
+        #: Ranks short of memory to resume what sleeps by suspend: one line each.
+        self.short = sorted(merged.get("short", ()))
         #: Groups reloaded in place: their non-members have nothing to create.
         self.in_place = set(merged["in_place"])
         #: Groups reloaded in place that a member released: they cannot be rebuilt.
         self.released_in_place = set(merged["released_in_place"])
         #: Whether some rank takes part in creating a group it released (and frees it after).
         self.takes_part = bool(merged["takes_part"])
+
+
+def _preflight(holder: process.ProcessState) -> list[str]:
+    """Whether this rank has the memory to resume its suspended groups: nothing, or one line.
+
+    The exact need is what ``memory_stats()`` called suspendable before the suspend, plus the
+    memory guard's margin (``SLIME_RELOADABLE_PG_MIN_FREE_GB``); when short, garbage is
+    collected and the cache emptied, then the figures are read again. Where there is no query
+    for the device, there is nothing to compare and the rank counts as ready.
+    """
+    needs: dict[str, list[Any]] = {}
+    for record in destroy.sleepers(holder):
+        sleep = record.sleep
+        if record.state is not State.SUSPENDED or sleep is None:
+            continue
+        for device, _backend in sleep.legs:
+            entry = needs.setdefault(device.type, [0, []])
+            entry[0] += sleep.need() // max(len(sleep.legs), 1)
+            entry[1].append(str(record.name))
+    margin = int(guard.get_memory_guard().min_free_gb * memory.GiB)
+    lines = []
+    for kind, (need, groups) in needs.items():
+        device = memory.current_device(kind)
+        now = memory.figures(device)
+        if now is None or now.free >= need + margin:
+            continue
+        gc.collect()
+        try:
+            memory.clear(device)
+        except Exception as error:
+            logger.warning("emptying the cache of %s failed: %s", device, error)
+        now = memory.figures(device) or now
+        if now.free < need + margin:
+            lines.append(
+                f"rank {participants.global_rank()} has {memory.human(now.free)} free on "
+                f"{device} and needs {memory.human(need + margin)} ({memory.human(need)} to "
+                f"resume groups {', '.join(map(repr, groups))} plus the {memory.human(margin)} "
+                "margin of SLIME_RELOADABLE_PG_MIN_FREE_GB)"
+            )
+    return lines
 
 
 def _agree(holder: process.ProcessState) -> Agreement:
@@ -74,7 +122,8 @@ def _agree(holder: process.ProcessState) -> Agreement:
     held, in_place, released_in_place, takes_part = [], [], [], False
     for record in list(holder.records):
         binding.drop_if_abandoned(record)
-        if record.member and record.state in (State.LIVE, State.DESTROYED):
+        kept = (State.LIVE, State.DESTROYED, State.SUSPENDED, State.BROKEN)
+        if record.member and record.state in kept:
             held.append(record.name)
             if record.in_place:
                 in_place.append(record.name)
@@ -87,6 +136,7 @@ def _agree(holder: process.ProcessState) -> Agreement:
         "in_place": in_place,
         "released_in_place": released_in_place,
         "takes_part": takes_part,
+        "short": _preflight(holder),
     }
     # The last rank to arrive merges the entries (unions, names packed as runs): every rank
     # reads one small entry, whatever the size of the world.
@@ -101,6 +151,7 @@ def facts(record: Record, agreed: Agreement, world_restored: bool) -> ReloadFact
     return ReloadFacts(
         state=record.state,
         way=record.way,
+        release_pending=record.release_pending,
         needed=record.name in agreed.needed,
         peers_in_place=record.name in agreed.in_place,
         released_by_a_member=record.name in agreed.released_in_place,
@@ -177,8 +228,10 @@ class _Run:
     taken_part: list[Any] = field(default_factory=list)
     #: Group names per outcome, for the report.
     names: dict[str, list[str]] = field(
-        default_factory=lambda: {"rebuilt": [], "forgotten": [], "taken_part": []}
+        default_factory=lambda: {"rebuilt": [], "forgotten": [], "taken_part": [], "resumed": []}
     )
+    #: Suspended groups whose resume raised.
+    failures: list[tuple[str, BaseException]] = field(default_factory=list)
 
 
 def _forget(record: Record, run: _Run) -> None:
@@ -219,6 +272,58 @@ def _take_part(record: Record, run: _Run) -> None:
     run.names["taken_part"].append(str(record.name))
 
 
+def _resume(record: Record, run: _Run, seconds: float) -> None:
+    sleep = record.sleep
+    for device, backend in sleep.legs:
+        what = f"resume() of {destroy.label(record)} on {device} ({participants.where('reload')})"
+        sleep.resume_ms += suspended.call(backend, "resume", what, seconds)
+    sleep.after = suspended.stats_of(sleep.legs)
+
+
+def _wake(record: Record, run: _Run) -> None:
+    """The guard comes off: the group is usable again (and released, if the program asked)."""
+    sleep = record.sleep
+    if sleep.hooked:
+        suspended.hook_off(record.native)
+    else:
+        holder = record.wrapper
+        if holder is None and record.is_world:
+            holder = process.current().world.stand_in
+        if holder is not None:
+            holder.wake()
+    record.move(State.LIVE)
+    run.names["resumed"].append(str(record.name))
+    if record.release_pending:  # every member resumed it (collective); now it goes, here
+        binding.unserve(record, destroy=True)
+        record.move(State.RELEASED)
+        return
+    held = c10d._get_default_group() if record.is_world else record.held
+    if held is not None:
+        run.rebuilt.append(held)
+
+
+def _wake_all(holder: process.ProcessState, part: report.StepReport, run: _Run) -> list[Any]:
+    """Resume every suspended group in creation order (WORLD first), then lift the guards.
+
+    A resume that raises leaves its group broken, still refused, and the others go on; the
+    errors are raised once the step is done.
+    """
+    asleep = [r for r in destroy.sleepers(holder) if r.state is State.SUSPENDED]
+    failures = []
+    seconds = suspended.suspend_timeout(participants.world_timeout())
+    with part.phase("resume"):
+        for record in asleep:
+            try:
+                _resume(record, run, seconds)
+            except Exception as error:
+                record.move(State.BROKEN)
+                failures.append((str(record.name), error))
+    for record in asleep:
+        if record.state is State.SUSPENDED:
+            _wake(record, run)
+    return failures
+
+
 def _refuse_released_by_a_member(record: Record, run: _Run) -> None:
     raise ModeRefusedError(
         f"group {record.name!r} cannot be rebuilt in place: a member released it with "
@@ -253,6 +358,9 @@ EXECUTE: dict[ReloadStep, Callable[[Record, _Run], None]] = {
     ReloadStep.REFUSE_RELEASED_BY_A_MEMBER: _refuse_released_by_a_member,
     ReloadStep.REFUSE_RELEASED_HERE: _refuse_released_here,
     ReloadStep.REFUSE_TORN_DOWN: _refuse_torn_down,
+    # Carried out first, for every group at once (``_wake_all``): resumes, then the guards.
+    ReloadStep.RESUME: lambda record, run: None,
+    ReloadStep.RESUME_THEN_RELEASE: lambda record, run: None,
 }
 TIMED = frozenset(
     {
@@ -306,9 +414,14 @@ def reload_process_groups() -> None:
         with part.phase("hooks"):
             failures = hooks.run("after_reload", run.rebuilt)
     part.total_ms = (time.perf_counter() - started) * 1e3
-    part.groups.update(run.names)
+    part.groups.update({k: v for k, v in run.names.items() if v or k != "resumed"})
+    cycle.sleep = {
+        str(r.name): r.sleep.report() for r in destroy.sleepers(holder) if r.sleep is not None
+    }
     cycle.measure("after_reload")
     report.log(cycle, "reload")
+    if run.failures:
+        raise destroy.broken(run.failures, "resume", "reload")
     if failures:
         raise hooks.error_for("after_reload", failures)
 
@@ -319,6 +432,16 @@ def _reload(holder: process.ProcessState, part: report.StepReport, run: _Run) ->
     cycle.reload = part
     with part.phase("agreement"):
         agreed = _agree(holder)
+    if agreed.short:
+        shown = "; ".join(agreed.short[:8]) + (
+            f"; and {len(agreed.short) - 8} more" if len(agreed.short) > 8 else ""
+        )
+        raise MemoryShortError(
+            f"reload_process_groups() ({participants.where('reload')}): {shown}. Nothing was "
+            "resumed on any rank and the groups still sleep: free accelerator memory (for "
+            "instance offload the rollout engine first) and call reload_process_groups() again"
+        )
+    run.failures = _wake_all(holder, part, run)
     with part.phase("swap"):
         restored = world.swap_in()
         world.rebuild_in_place()
@@ -347,3 +470,20 @@ def _reload(holder: process.ProcessState, part: report.StepReport, run: _Run) ->
             destroy_native(native)
     registry.prune()
     return cycle
+
+
+def wake_before_world_ends() -> None:
+    """The program ends WORLD while groups sleep suspended: resume them first.
+
+    By the SPMD contract every rank ends WORLD at the same point, so every member resumes
+    each group (collective) before torch tears it down; no memory preflight: the memory goes
+    away with the world. A forked child in its parent's world has nothing to resume.
+    """
+    holder = process.current()
+    if nothing_to_do(holder, "destroy_process_group"):
+        return
+    if not any(r.state is State.SUSPENDED for r in destroy.sleepers(holder)):
+        return
+    failures = _wake_all(holder, report.StepReport(), _Run())
+    for name, error in failures:
+        logger.error("resuming group %r before WORLD ends failed: %s", name, error)

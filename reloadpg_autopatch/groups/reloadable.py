@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..errors import GroupDestroyedError
+from ..errors import GroupBrokenError, GroupDestroyedError, ReloadPGError
 from . import aliases, guard, names, pools, process, registry
 from .record import Record, State
+from .suspended import guard_error
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -112,10 +113,17 @@ class ReloadableProcessGroup(_NativeProcessGroup):
             self.__dict__["_armed"] = device
             self._fast = None
 
-    def live(self, what: str) -> Any:
-        """The native group for a call that missed the fast slot: guard first, or the error."""
+    def live(self, what: str, local: bool = False) -> Any:
+        """The native group for a call that missed the fast slot: guard first, or the error.
+
+        ``local``: the call does not communicate (``rank()``, ``size()``...): a group that
+        sleeps in suspend mode still answers it from its kept native group.
+        """
         native = self._native
         if native is None:
+            record = self._record
+            if local and record.state in (State.SUSPENDED, State.BROKEN):
+                return record.native
             raise self.destroyed_error(what)
         device = self.__dict__.get("_armed")
         if device is not None:
@@ -158,8 +166,8 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         keeps it and reload makes it again on the new backend (``pools.replay``).
         """
         inner = self._fast
-        if inner is None:
-            inner = _live(self, "_get_backend()")
+        if inner is None:  # a backend is not a collective: a sleeping group still hands it out
+            inner = _live(self, "_get_backend()", local=True)
         backend = _NativeProcessGroup._get_backend(inner, device)
         pools.track(backend, self._record, device)
         return backend
@@ -176,7 +184,7 @@ class ReloadableProcessGroup(_NativeProcessGroup):
     @property
     def group_name(self) -> str:
         """The group's name, the same for every incarnation; resolving it gives this object."""
-        inner = self.group
+        inner = self._kept()
         if inner is None:
             raise self.destroyed_error("property 'group_name'")
         name = inner.group_name
@@ -197,9 +205,31 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         label = f"'{desc}' " if desc else ""
         return f"ReloadableProcessGroup {label}(ranks {self.ranks})"
 
-    def destroyed_error(self, what: str) -> GroupDestroyedError:
+    def sleep(self) -> None:
+        """Suspended (torch 2.13): every call that communicates is refused until ``wake()``;
+        the native group stays in the record, and its aliases in torch's maps."""
+        self.group = None
+
+    def wake(self) -> None:
+        self.group = self._record.native
+
+    def _kept(self) -> Any:
+        """The native group for what does not communicate: also while it sleeps suspended."""
+        native = self._native
+        if native is None and self._record.state in (State.SUSPENDED, State.BROKEN):
+            return self._record.native
+        return native
+
+    def destroyed_error(self, what: str) -> ReloadPGError:
         """The error for using this group while it has no native group."""
         record = self._record
+        if record.state is State.SUSPENDED:
+            return guard_error(self.describe(), what)
+        if record.state is State.BROKEN:
+            return GroupBrokenError(
+                f"{self.describe()} broke during a suspend or a resume and cannot be used "
+                f"({what}); its communicator is in an unknown state: this process must restart"
+            )
         if record.state is State.ENDED and record.ended_with_world:
             return GroupDestroyedError(
                 f"{self.describe()} belonged to a WORLD that was destroyed "
@@ -257,7 +287,7 @@ def _register_opaque_members() -> None:
     opaque_object.register_opaque_type(ReloadableProcessGroup, typ="reference", members=members)
 
 
-def _live(group: ReloadableProcessGroup, what: str) -> Any:
+def _live(group: ReloadableProcessGroup, what: str, local: bool = False) -> Any:
     """``group.live(what)`` for a forwarder whose fast slot was empty.
 
     torch.compile inlines forwarders and may read only registered members of a group: while
@@ -268,7 +298,7 @@ def _live(group: ReloadableProcessGroup, what: str) -> Any:
         if native is None:
             raise group.destroyed_error(f"{what}, in compiled code")
         return native
-    return group.live(what)
+    return group.live(what, local)
 
 
 def _takes_only_self(name: str, base: Any) -> bool:
@@ -277,16 +307,29 @@ def _takes_only_self(name: str, base: Any) -> bool:
     return re.fullmatch(rf"{re.escape(name)}\(self: [\w.]+\) -> .*", first) is not None
 
 
+def communicates(name: str, base: Any) -> bool:
+    """Whether a ``ProcessGroup`` method talks to the peers: one of pybind's signatures for it
+    returns a ``Work`` (every collective, p2p op and barrier), or it waits for the peers
+    itself (``monitored_barrier``), or it makes a group or a window from this one."""
+    signatures = (getattr(base, "__doc__", None) or "").splitlines()
+    if any(
+        "->" in line and line.rpartition("->")[2].strip().endswith("Work") for line in signatures
+    ):
+        return True
+    return name in ("monitored_barrier", "split_group", "merge_remote_group", "new_window")
+
+
 def _forward_method(name: str, base: Any) -> Any:
     # The unbound base method, called on the native group: no bound method is made per call.
     # torch calls these on every collective that reaches a group through the default group
     # (WORLD's stand-in) or by name, so ``rank()`` and ``size()`` get a fixed-arity forwarder.
+    local = not communicates(name, base)
     if _takes_only_self(name, base):
 
         def method(self: ReloadableProcessGroup) -> Any:
             inner = self._fast
             if inner is None:
-                inner = _live(self, f"{name}()")
+                inner = _live(self, f"{name}()", local)
             return base(inner)
 
     else:
@@ -294,7 +337,7 @@ def _forward_method(name: str, base: Any) -> Any:
         def method(self: ReloadableProcessGroup, *args: Any, **kwargs: Any) -> Any:
             inner = self._fast
             if inner is None:
-                inner = _live(self, f"{name}()")
+                inner = _live(self, f"{name}()", local)
             return base(inner, *args, **kwargs)
 
     method.__name__ = name
@@ -340,7 +383,7 @@ _HOOK_REGISTRATION = re.compile(r"^_?(un)?register_(\w+)_hook$")
 
 def _forward_property(name: str, base: property) -> property:
     def fget(self: ReloadableProcessGroup) -> Any:
-        inner = self.group
+        inner = self._kept()
         if inner is None:
             raise self.destroyed_error(f"property {name!r}")
         return getattr(inner, name)

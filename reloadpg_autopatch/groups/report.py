@@ -67,6 +67,9 @@ class CycleReport:
         default_factory=lambda: dict.fromkeys(MEMORY_POINTS)
     )
     device: str | None = None
+    #: Per group that slept by suspend: its legs, ``memory_stats()`` before the suspend,
+    #: asleep and after the resume, and the milliseconds of each call.
+    sleep: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def measure(self, point: str) -> None:
         device = memory.primary_device()
@@ -79,6 +82,24 @@ class CycleReport:
         before, after = self.memory["before_destroy"], self.memory["after_destroy"]
         return None if before is None or after is None else after.free - before.free
 
+    @property
+    def nccl(self) -> dict[str, Any] | None:
+        """Suspend's totals: what NCCL says it released (and holds pinned on the host as its
+        backup) and kept resident, beside the driver's own count (``freed_bytes``)."""
+        if not self.sleep:
+            return None
+        suspended = [g for g in self.sleep.values() if g["legs"]]
+        released = sum(g["stats_before"].get("suspend", 0) for g in suspended)
+        return {
+            "groups": {name: dict(g) for name, g in self.sleep.items()},
+            "released_bytes": released,
+            "resident_bytes": sum(g["stats_before"].get("persist", 0) for g in suspended),
+            "pinned_host_bytes_estimate": released,
+            "driver_freed_bytes": self.freed_bytes,
+            "suspend_ms": round(sum(g["suspend_ms"] for g in suspended), 3),
+            "resume_ms": round(sum(g["resume_ms"] for g in suspended), 3),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "cycle": self.cycle,
@@ -88,6 +109,7 @@ class CycleReport:
             "reload": self.reload.to_dict() if self.reload is not None else None,
             "memory": {k: (v.to_dict() if v is not None else None) for k, v in self.memory.items()},
             "freed_bytes": self.freed_bytes,
+            "nccl": self.nccl,
         }
 
     def summary(self, step: str) -> str:
@@ -113,6 +135,12 @@ def describe(report: dict[str, Any], steps: tuple[str, ...] = ("destroy", "reloa
     ]
     if free:
         line += f"; free on {report.get('device')}: " + ", ".join(free)
+    nccl = report.get("nccl")
+    if nccl:
+        line += (
+            f"; NCCL released {nccl['released_bytes'] / memory.GiB:.2f} GiB, kept "
+            f"{nccl['resident_bytes'] / memory.GiB:.2f} GiB resident"
+        )
     return line
 
 

@@ -25,11 +25,22 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import original
-from ..errors import RegistrationError, ReloadPGError, WorldLostError
-from . import aliases, binding, faults, inplace, mode, names, participants, process, registry
+from ..errors import ModeRefusedError, RegistrationError, ReloadPGError, WorldLostError
+from . import (
+    aliases,
+    binding,
+    faults,
+    inplace,
+    mode,
+    names,
+    participants,
+    process,
+    registry,
+    suspended,
+)
 from .backends import component_names, device_backends, holds_accelerator_memory
 from .participants import Registration, registration
-from .record import Record, State
+from .record import Record, State, Way
 from .reloadable import ReloadableProcessGroup
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -166,14 +177,16 @@ def register_default_process_group(
         return
     backend = str(c10d.get_backend())
     default_group = c10d._get_default_group()
-    in_place = mode.reloads_in_place(default_group)
-    if in_place:
+    named = chosen is not None and bool(set(component_names(backend)) & set(chosen))
+    suspend = _suspends(default_group, backend, named)
+    in_place = not suspend and mode.reloads_in_place(default_group)
+    if suspend or in_place:
         swap = False
         mode.copy_as_handle()
     elif chosen is None:
         swap = holds_accelerator_memory(backend)
     else:
-        swap = bool(set(component_names(backend)) & set(chosen))
+        swap = named
     world = Registration(
         backend=backend,
         timeout=timeout
@@ -187,14 +200,20 @@ def register_default_process_group(
         swap=swap,
         temporary_backend=temporary,
         in_place=in_place,
+        suspend=suspend,
         asked=(chosen, temporary),
     )
-    if swap:
+    if swap or suspend:
         record = Record((), {}, str(default_group.group_name), State.LIVE)
         record.is_world = True
-        world.stand_in = ReloadableProcessGroup(
-            default_group, list(range(world.world_size)), _record=record
-        )
+        record.native = default_group
+        if suspend:
+            record.way = Way.SUSPEND if suspended.torch_has_pre_hooks() else Way.SUSPEND_WRAPPED
+            world.record = record
+        if swap or record.way is Way.SUSPEND_WRAPPED:  # a wrapper guards WORLD on torch 2.13
+            world.stand_in = ReloadableProcessGroup(
+                default_group, list(range(world.world_size)), _record=record
+            )
     # Nothing above changed anything: only now does the registration take effect.
     holder.world = world
     holder.known_world = default_group
@@ -206,9 +225,38 @@ def register_default_process_group(
         backend,
         world.rank,
         world.world_size,
-        "in place" if in_place else f"swap={swap}",
+        "suspend in place" if suspend else "in place" if in_place else f"swap={swap}",
         world.timeout,
     )
+
+
+def _suspends(default_group: Any, backend: str, named: bool) -> bool:
+    """Whether WORLD sleeps by suspend (suspend and auto modes, where its backend can).
+
+    In ``suspend`` mode a WORLD that cannot is refused, unless it is on a CPU backend only and
+    not named in ``accelerator_backends``: then it stays awake, as gloo groups do.
+    """
+    chosen = mode.get_reload_mode()
+    if chosen not in ("suspend", "auto"):
+        return False
+    found = suspended.capability(default_group)
+    refusal = mode.suspend_refusal(default_group, found)
+    if refusal is None:
+        return True
+    if chosen == "suspend" and not (found.cpu_only and not named):
+        raise ModeRefusedError(
+            f"SLIME_RELOADABLE_PG_MODE=suspend (or set_reload_mode('suspend')) but WORLD "
+            f"({backend}) cannot be suspended in place: {refusal}; use mode 'auto' to swap it "
+            "for a temporary WORLD instead"
+        )
+    return False
+
+
+def destroys_every_group() -> bool:
+    """Whether a destroy takes WORLD down, and with it every group torch knows: then every
+    group must be reloadable (slime's rule). A WORLD that suspends, or stays awake, does not."""
+    world = registration()
+    return world is not None and not world.suspend
 
 
 def _same_registration(
@@ -393,9 +441,12 @@ def _make_default(stand_in: ReloadableProcessGroup) -> None:
 
 
 def native_world() -> Any:
-    """The native group serving as WORLD now (behind the stand-in when WORLD is swapped)."""
+    """The native group serving as WORLD now (behind the stand-in when WORLD is swapped or
+    suspended behind it)."""
     default = c10d._world.default_pg
-    return default.group if isinstance(default, ReloadableProcessGroup) else default
+    if isinstance(default, ReloadableProcessGroup):
+        return default.group if default.group is not None else default._record.native
+    return default
 
 
 def swap_out() -> None:

@@ -122,6 +122,7 @@ def make_destroy_process_group(original: Callable[..., Any]) -> Callable[..., An
         native = _lifecycle().unwrap(group)
         if native is not None and native is not _lifecycle().native_world():
             return original(native)
+        _lifecycle().wake_before_world_ends()  # a suspended communicator is resumed first
         result = original()  # WORLD, behind its stand-in or not: torch destroys every group
         _lifecycle().end_world()
         return result
