@@ -18,6 +18,13 @@ guard before a reloaded group's first collective (free memory before and after i
 cache the test filled), a CUDA memory pool registered on a group's backend and registered again
 after each reload (by the package, and a framework's hook doing the same is not doubled), and
 the cycle report's memory figures against ``torch.cuda.mem_get_info``.
+
+Last, the suspend pass (``scripts/gpu_suspend.py``): torch's raw suspend/resume at world size 1
+and 2 on the one GPU, the package's suspend mode, and the probes, into ``suspend.json``.
+
+    python scripts/gpu_smoke.py --out DIR [--cycles K] [--suspend-only | --skip-suspend]
+
+writes ``DIR/smoke.json`` (what each check found) and ``DIR/suspend.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--out", default=".", help="folder for smoke.json and suspend.json")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--suspend-only", action="store_true", help="only the suspend pass")
+    which.add_argument("--skip-suspend", action="store_true", help="no suspend pass")
     args = parser.parse_args(argv)
 
     import torch
@@ -55,10 +66,22 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(("nccl2", "native"))
     else:
         print("gpu_smoke: this torch has no nccl2 backend or no reconfigure: native mode skipped")
-    failures = []
-    for backend, mode in runs:
-        failures += _run(run_demo, backend, mode, args)
-        failures += _parity(backend, mode, args)
+    import os
+
+    os.makedirs(args.out, exist_ok=True)
+    failures: list[str] = []
+    if not args.suspend_only:
+        for backend, mode in runs:
+            failures += _run(run_demo, backend, mode, args)
+            failures += _parity(backend, mode, args)
+        with open(os.path.join(args.out, "smoke.json"), "w", encoding="utf-8") as handle:
+            json.dump({"torch": torch.__version__, "failures": failures}, handle, indent=1)
+    if not args.skip_suspend:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import gpu_suspend
+
+        if gpu_suspend.main(["--out", os.path.join(args.out, "suspend.json")]) != 0:
+            failures.append("the suspend pass failed: see suspend.json")
     for failure in failures:
         print(f"FAILED: {failure}")
     print("gpu_smoke: OK" if not failures else "gpu_smoke: FAILED")

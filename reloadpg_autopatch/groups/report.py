@@ -138,8 +138,8 @@ def describe(report: dict[str, Any], steps: tuple[str, ...] = ("destroy", "reloa
     nccl = report.get("nccl")
     if nccl:
         line += (
-            f"; NCCL released {nccl['released_bytes'] / memory.GiB:.2f} GiB, kept "
-            f"{nccl['resident_bytes'] / memory.GiB:.2f} GiB resident"
+            f"; NCCL released {memory.human(nccl['released_bytes'])}, kept "
+            f"{memory.human(nccl['resident_bytes'])} resident"
         )
     return line
 

@@ -217,39 +217,108 @@ def _check_torch(report: Report, imports: list[str]) -> None:
 
 
 def _check_mode(report: Report) -> None:
-    """The reload mode in force, and for each backend in use here which one applies and why."""
+    """The reload mode in force, and for each backend in use here which action applies and why.
+
+    The answers come from the same functions the lifecycle decides with (``mode``,
+    ``suspended``), asked of this process's groups, so the doctor cannot tell another story.
+    """
+    import torch
     import torch.distributed as dist
 
-    from ..groups import lifecycle, mode
+    from ..groups import lifecycle, mode, suspended
 
     chosen = mode.get_reload_mode()
     backends: dict[str, str] = {}
-    groups = [dist.GroupMember.WORLD] if dist.is_initialized() else []
-    groups += [getattr(g, "group", g) for g in lifecycle.reloadable_groups()]
-    for group in groups:
-        if group is None:  # destroyed now: its backend shows again after reload
-            continue
-        name = str(group._get_backend_name())
-        if name in backends:
-            continue
-        refusal = mode.in_place_refusal(group)
-        if chosen == "wrapper":
-            backends[name] = "behind a wrapper (the mode is wrapper)"
-        elif refusal is None:
-            backends[name] = "in place (ProcessGroup.reconfigure)"
-        elif chosen == "auto":
-            backends[name] = f"behind a wrapper: {refusal}"
-        else:
-            backends[name] = f"REFUSED: {refusal}"
-            report.problems.append(f"native mode cannot reload {name} groups: {refusal}")
-    if not mode.torch_can_reconfigure():
+    held = [dist.GroupMember.WORLD] if dist.is_initialized() else []
+    held += lifecycle.reloadable_groups()
+    for each in held:
+        # The native group, also behind a wrapper that sleeps (its record keeps it).
+        group = getattr(each, "group", None) or getattr(
+            getattr(each, "_record", None), "native", None
+        )
+        group = group if group is not None else each
+        try:
+            name = str(dist.get_backend(group))
+        except Exception:  # torch no longer knows it (its WORLD ended): its C++ name
+            name = str(group._get_backend_name())
+        if name not in backends:
+            backends[name] = _action(report, chosen, name, group)
+    if not mode.torch_can_reconfigure() and chosen != "wrapper":
         why = mode.in_place_refusal(None)
-        backends.setdefault("every backend", f"behind a wrapper: {why}")
+        backends.setdefault("every other backend", f"behind a wrapper: {why}")
     report.fidelity["mode"] = {
         "mode": chosen,
         "variable": os.environ.get(_env.MODE_ENV),
         "backends": backends,
     }
+    if chosen in ("suspend", "auto"):
+        warnings = [w for w in (suspended.environment_refusal(),) if w]
+        default = dist.GroupMember.WORLD if dist.is_initialized() else None
+        nccl = default is not None and "nccl" in str(dist.get_backend()).lower()
+        if nccl and getattr(default, "bound_device_id", None) is None:
+            warnings.append(
+                "WORLD has no device_id: NCCL creates p2p communicators lazily, which suspend "
+                "neither frees nor counts; pass device_id to init_process_group"
+            )
+        if nccl and os.environ.get("NCCL_NVLS_ENABLE", "").strip() != "0":
+            warnings.append(
+                "NVLS buffers stay resident while asleep (NCCL_NVLS_ENABLE=0 frees more on "
+                "NVSwitch nodes)"
+            )
+        if "nccl-lazy" in backends:
+            warnings.append(
+                "nccl-lazy suspends its pair communicators in map order, which may not match "
+                "across ranks"
+            )
+        versions = {}
+        for getter in ("get_build_nccl_version", "get_runtime_nccl_version"):
+            call = getattr(getattr(dist, "ProcessGroupNCCL", None), getter, None)
+            try:
+                versions[getter] = ".".join(map(str, call())) if call else None
+            except Exception:
+                versions[getter] = None
+        report.fidelity["suspend"] = {
+            "torch": torch.__version__,
+            "available": suspended.torch_can_suspend(),
+            "guard": "pre-hook" if suspended.torch_has_pre_hooks() else "wrapper",
+            "nccl_build": versions["get_build_nccl_version"],
+            "nccl_runtime": versions["get_runtime_nccl_version"],
+            "warnings": warnings,
+            "resident_always": "inter-node network buffers and NVLS buffers stay resident",
+        }
+
+
+def _action(report: Report, chosen: str, name: str, group: Any) -> str:
+    """What the mode in force does with a group of backend ``name``, and why."""
+    from ..groups import mode, suspended
+
+    if chosen == "wrapper":
+        return "behind a wrapper (the mode is wrapper)"
+    refusal = mode.in_place_refusal(group)
+    in_place = "in place (ProcessGroup.reconfigure)"
+    if chosen in ("suspend", "auto"):
+        found = suspended.capability(group)
+        cannot = mode.suspend_refusal(group, found)
+        if cannot is None:
+            guard = (
+                "a pre-hook refuses it while asleep"
+                if suspended.torch_has_pre_hooks()
+                else "its wrapper refuses it while asleep (torch 2.13 has no pre-hooks)"
+            )
+            return f"suspend in place ({guard})"
+        if chosen == "suspend":
+            if found.cpu_only:
+                return "stays awake, untouched: a CPU backend holds no accelerator memory"
+            report.problems.append(f"suspend mode cannot suspend {name} groups: {cannot}")
+            return f"REFUSED: {cannot}"
+        how = in_place if refusal is None else f"behind a wrapper ({refusal})"
+        return f"{how}; it cannot suspend: {cannot}"
+    if refusal is None:
+        return in_place
+    if chosen == "auto":
+        return f"behind a wrapper: {refusal}"
+    report.problems.append(f"native mode cannot reload {name} groups: {refusal}")
+    return f"REFUSED: {refusal}"
 
 
 def _check_fidelity(report: Report) -> None:
@@ -460,6 +529,20 @@ def render(report: Report) -> str:
         lines.append(f"  mode         {m['mode']} ({_env.MODE_ENV}={excerpt(m['variable'])})")
         for backend, how in m["backends"].items():
             lines.append(f"                 {backend}: {how}")
+    if fid.get("suspend"):
+        sus = fid["suspend"]
+        nccl = (
+            f"NCCL build {sus['nccl_build']}, runtime {sus['nccl_runtime']}"
+            if sus["nccl_build"]
+            else "no NCCL in this torch"
+        )
+        lines.append(
+            f"  suspend      torch {sus['torch']}: "
+            + ("Backend.suspend present" if sus["available"] else "no Backend.suspend")
+            + f", guard by {sus['guard']}; {nccl}; {sus['resident_always']}"
+        )
+        for warning in sus["warnings"]:
+            lines.append(f"                 warning: {warning}")
     if report.forwarding:
         fwd = report.forwarding
         lines.append(
