@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plot, reload_cost, scale, startup
+from benchmarks import plot, reload_cost, scale, startup, suspend_cost
 from benchmarks.stats import Row, table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(released)
     native_rows, raw["native"] = reload_cost.native_rows(quick=args.quick)
     rows += native_rows
+    suspend_rows, raw["suspend"] = suspend_cost.run(quick=args.quick)
+    rows += suspend_rows
     scale_rows, raw["scale"] = scale.run(quick=args.quick)
     rows += scale_rows
     raw["aliases"] = _child("benchmarks.aliases", "10" if args.quick else "30")

@@ -3,7 +3,7 @@
 Every training step pays one destroy and one reload on every rank, all through one TCPStore.
 Ranks are simulated as threads, each with its own TCPStore client (as a real rank has), against
 one real server, driving the package's own rendezvous code (``groups.rendezvous``): the destroy
-barrier and the reload agreement, each rank publishing the names of the ~20 groups it holds in a
+agreement and the reload agreement, each rank publishing the names of the ~20 groups it holds in a
 Megatron layout. A counting wrapper around each client gives the store operations and bytes.
 For contrast, the all-to-all exchange it replaced (every rank reads every entry) runs at the
 small sizes. Then real spawned gloo ranks time the temporary WORLD's swap, eager against lazy.
@@ -122,8 +122,20 @@ def megatron_names(rank: int, world_size: int) -> list[str]:
 
 
 def _payload(rank: int, world_size: int) -> str:
+    """What a rank publishes at the reload's agreement: the groups it holds (and is ready)."""
     held = megatron_names(rank, world_size)
-    return json.dumps({"held": held, "in_place": [], "released_in_place": [], "takes_part": False})
+    return json.dumps(
+        {"held": held, "in_place": [], "released_in_place": [], "takes_part": False, "short": []}
+    )
+
+
+def _answers(rank: int, world_size: int) -> str:
+    """What a rank publishes at the destroy's agreement in suspend mode: every group it holds
+    answered ``memory_stats()``, so every group's name is in ``ok``."""
+    names = megatron_names(rank, world_size)
+    return json.dumps(
+        {"ok": names, "uninitialized": [], "unsupported": [], "released": [], "why": []}
+    )
 
 
 def _all_to_all(store: Any, key: str, rank: int, world_size: int, payload: str) -> list[bytes]:
@@ -180,16 +192,30 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
 
     def rank_body(index: int) -> None:
         rank, store = ranks[index], clients[index]
-        payload = _payload(rank, world_size)
+        payload, answers_payload = _payload(rank, world_size), _answers(rank, world_size)
+        previous = None
         try:
             for rep in range(reps):
                 barrier.wait()
-                # The keys ``state.key`` gives a destroy and the reload after it.
-                destroy = f"reloadpg_autopatch/0/{2 * rep + 1}/sync/destroy"
-                reload = f"reloadpg_autopatch/0/{2 * rep + 2}/agree"
-                rendezvous.sync(store, destroy, rank, world_size, timeout=600, step="destroy")
+                # The keys ``process.ProcessState.key`` gives a cycle's destroy and reload, and
+                # the package's two rounds as it runs them (each deleting its predecessor's
+                # result); in suspend mode the destroy's round carries every group's answer.
+                destroy = f"reloadpg_autopatch/{rep + 1}/0/agreement"
+                reload = f"reloadpg_autopatch/{rep + 1}/1/agreement"
                 if variant == "rendezvous":
-                    answer = rendezvous.agree(
+                    rendezvous.agree(
+                        store,
+                        destroy,
+                        rank,
+                        world_size,
+                        answers_payload,
+                        merge=rendezvous.merge_name_sets,
+                        timeout=600,
+                        step="destroy: agreement",
+                        previous=previous,
+                        token=True,
+                    )
+                    _token, answer = rendezvous.agree(
                         store,
                         reload,
                         rank,
@@ -198,8 +224,12 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                         merge=rendezvous.merge_name_sets,
                         timeout=600,
                         step="reload: agreement",
+                        previous=rendezvous.done_key(destroy),
+                        token=True,
                     )
+                    previous = rendezvous.done_key(reload)
                 else:
+                    rendezvous.sync(store, destroy, rank, world_size, timeout=600, step="destroy")
                     answer = b"".join(_all_to_all(store, reload, rank, world_size, payload))
                 ends[rep][index] = time.perf_counter()
                 answers[rep].add(hashlib.sha256(answer).hexdigest())
@@ -371,7 +401,7 @@ def rows_of(raw: dict[str, Any]) -> list[Row]:
         rows.append(
             Row(
                 "scale",
-                f"{label}, {point['world_size']} thread ranks: destroy sync + reload agreement",
+                f"{label}, {point['world_size']} thread ranks: destroy + reload agreements",
                 f"{s['median'] * 1e3:.0f} ms [{s['p25'] * 1e3:.0f}-{s['p75'] * 1e3:.0f}]; per rank "
                 f"{point['ops_per_rank']['median']:.0f} ops (max {point['ops_per_rank']['max']:.0f}"
                 f"), {_mb(point['bytes_per_rank']['median'])} (max "
@@ -446,7 +476,7 @@ def draw(raw: dict[str, Any], path: Path, title: str) -> None:
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("ranks (threads, one TCPStore client each, one server)")
-    axis.set_ylabel("destroy sync + reload agreement, s (median)")
+    axis.set_ylabel("destroy + reload agreements, s (median)")
     axis.legend(fontsize=8)
     axis.grid(True, which="both", alpha=0.3)
     fig.suptitle(title, fontsize=9)

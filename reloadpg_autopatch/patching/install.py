@@ -38,10 +38,17 @@ def apply(patch: patchset.PatchSet, names: set[str]) -> None:
 
 
 def lifecycle_only() -> bool:
-    """Native mode on a torch that reloads in place: no group ever needs a wrapper."""
-    from ..groups import mode
+    """No group needs a wrapper: native mode on a torch that reconfigures in place, or suspend
+    mode on one whose pre-hooks guard torch's own groups (2.14). Should one need a wrapper
+    after all (WORLD swapped, an outer layer), ``complete`` installs the rest then."""
+    from ..groups import mode, suspended
 
-    return mode.get_reload_mode() == "native" and mode.torch_can_reconfigure()
+    chosen = mode.get_reload_mode()
+    if chosen == "native":
+        return mode.torch_can_reconfigure()
+    if chosen == "suspend":
+        return suspended.torch_can_suspend() and suspended.torch_has_pre_hooks()
+    return False
 
 
 def complete(reason: str) -> None:
