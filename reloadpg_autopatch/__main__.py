@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
         "--mode",
         choices=MODES,
         default="wrapper",
-        help="how groups reload: behind a wrapper, or in place (torch 2.14+; default wrapper)",
+        help="how groups reload: behind a wrapper, in place (torch 2.14+), suspended (an NCCL "
+        "backend: a GPU), or the best each group allows (default wrapper)",
     )
     demo.add_argument(
         "--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default: a free one)"
@@ -88,6 +89,12 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--port must be 0 (any free port) or 1-65535, got {args.port}")
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
+    if args.mode == "suspend" and args.backend == "gloo":
+        parser.error(
+            "--mode suspend needs an accelerator backend that can suspend (--backend nccl or "
+            "nccl2, on a GPU): gloo holds no accelerator memory, so there is nothing to suspend; "
+            "on CPU use --mode wrapper, native or auto"
+        )
     if args.inject_failure is not None and not 0 <= args.inject_failure < args.world_size:
         parser.error(f"--inject-failure must name a rank from 0 to {args.world_size - 1}")
     # The launcher and every rank need torch: without it, one line instead of a traceback.

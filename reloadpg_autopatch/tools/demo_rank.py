@@ -253,7 +253,8 @@ def run(args: Any) -> None:
         in_place = lifecycle.reloadable_groups() and all(
             type(g) is torch.distributed.ProcessGroup for g in lifecycle.reloadable_groups()
         )
-        if left != 1 and not in_place:  # in place, torch keeps its (shut down) groups
+        asleep = world.registration() is not None and world.registration().suspend
+        if left != 1 and not in_place and not asleep:  # torch keeps in-place/suspended groups
             raise Mismatch(f"after destroy torch still holds {left} groups, expected WORLD only")
         lifecycle.reload_process_groups()
         reloaded = time.perf_counter()
