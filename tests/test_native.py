@@ -184,4 +184,4 @@ def test_native_mode_refuses_clearly_where_torch_cannot_and_auto_falls_back() ->
         assert "has no ProcessGroup.reconfigure (torch 2.14 and later)" in report["native"]
         assert "use mode 'auto'" in report["native"]
         assert report["auto"] == "ReloadableProcessGroup"
-        assert "'wrapper', 'native', 'auto'" in report["bad"]
+        assert "'wrapper', 'native', 'suspend', 'auto'" in report["bad"]

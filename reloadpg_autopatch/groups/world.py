@@ -206,8 +206,10 @@ def register_default_process_group(
     if swap or suspend:
         record = Record((), {}, str(default_group.group_name), State.LIVE)
         record.is_world = True
-        record.native = default_group
         if suspend:
+            # It sleeps and wakes in place. (A swapped WORLD's record holds no native group:
+            # holding the first one would keep its communicator, and its sockets, for ever.)
+            record.native = default_group
             record.way = Way.SUSPEND if suspended.torch_has_pre_hooks() else Way.SUSPEND_WRAPPED
             world.record = record
         if swap or record.way is Way.SUSPEND_WRAPPED:  # a wrapper guards WORLD on torch 2.13
