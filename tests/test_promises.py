@@ -439,13 +439,13 @@ def test_p2_a_group_released_on_one_rank_still_gets_the_created_sync_on_every_ra
 
 
 def _guard_world(ctx: Rank) -> dict:
-    rpg, _dist = _begin(ctx, world=True)
+    rpg, dist = _begin(ctx, world=True)
     out: dict[str, Any] = {}
     with _GcRuns() as gc_runs:
         probe = _Probe(gc_runs)
         probe.install()
         rpg.set_memory_guard(2.0)
-        a = _dist.new_group([0, 1])
+        a = dist.new_group([0, 1])
         for label, free in (("at", 2 * GiB), ("below", 2 * GiB - 1)):
             probe.free = free
             rpg.destroy_process_groups()
@@ -510,11 +510,15 @@ def test_p3_exactly_the_threshold_free_collects_nothing_and_clears_nothing(
 def test_p3_worlds_stand_in_is_armed_by_each_reload_and_by_every_call(
     guard_world_reports,
 ) -> None:
+    """Each reload arms WORLD's stand-in: WORLD is checked once between the start of the
+    reload and its first collective (torch's own ``new_group`` calls WORLD's methods while the
+    groups are re-created, and the first call of any method checks), and not again after.
+    ``set_memory_guard(every_call=True)`` arms it at once: every collective on WORLD checks."""
     for report in guard_world_reports:
         for cycle in report["world_reloads"]:
             assert cycle["sums"] == [2.0] * 4, cycle
-            assert cycle["first"] == 1, cycle  # WORLD checked once by its first collective
-            assert cycle["all"] == 1, cycle  # and the three after it did not check again
+            assert cycle["first"] == 1, cycle  # checked once, by its first collective at the latest
+            assert cycle["all"] == 1, cycle  # and the three collectives after it: no more
         assert report["world_settled"]["clear"] == 0, report["world_settled"]
         # every_call=True, chosen while WORLD is live: each collective on WORLD checks.
         assert all(count >= 1 for count in report["world_every_call"]), report
