@@ -378,6 +378,14 @@ def _failed_swap(ctx: Rank) -> dict:
         out["message"] = str(error)
     out["fired"] = fault.fired
     out["initialized"] = dist.is_initialized()
+    # Never half-gone: a group of the lost world says that world ended (not "reload first"),
+    # and the package holds none of its groups any more, before anything else is called.
+    try:
+        dist.all_reduce(__import__("torch").ones(1), group=pair)
+        out["old_group"] = "no error"
+    except Exception as error:
+        out["old_group"] = str(error)
+    out["held_after"] = len(rpg.reloadable_groups())
     try:
         if out["initialized"]:
             # The world as it was: WORLD and the group work, and the cycle can go on.
@@ -414,6 +422,8 @@ def test_a_swap_that_fails_says_what_state_world_is_in_and_how_to_recover() -> N
         else:
             assert STATE_GONE.search(message), (rank, message)
             assert "init_process_group" in message, (rank, message)  # the way back
+            assert "WORLD that was destroyed" in report["old_group"], (rank, report)
+            assert report["held_after"] == 0, (rank, report)
         assert report["recovery"] == "no error", (rank, report)
         assert report["worlds_built_in_cycle"] == 2, (rank, report)
         assert report["sums_after_cycle"] == [3.0, 3.0], (rank, report)
