@@ -179,6 +179,58 @@ def test_a_ray_actor_restarted_by_ray_meets_the_survivors(tmp_path) -> None:
             assert result["seconds"] < SHORT.total_seconds() / 2, cycle
 
 
+def _creation_keys_of_two_worlds(ctx: Rank, swapped: bool) -> dict:
+    """Two worlds, one after the other, on the same store and with no prefix of their own."""
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+    from tests.test_blind_spots import _forget_torchs_keys
+
+    assert rpg.is_patched(), "the gate did not patch this rank at start-up"
+    rpg.set_wrap_policy("all")
+    keys: dict[str, list[str]] = {}
+    for world in ("first", "second"):
+        store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
+        if world == "second":
+            # torch's own WORLD rendezvous would read the first world's addresses (its keys
+            # carry no world either): clear torch's keys, keep every key of the package's.
+            _forget_torchs_keys(store, ctx.rank, ctx.world_size)
+        dist.init_process_group(
+            "gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=TIMEOUT
+        )
+        # Swapped, the groups are created under the restored WORLD's keys; not, under the
+        # store WORLD was made with.
+        if swapped:
+            rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+        pair = dist.new_group([0, 1])
+        for _ in range(2):
+            rpg.destroy_process_groups()
+            rpg.reload_process_groups()
+        assert _total(pair, ctx.rank + 1) == 3.0
+        dist.barrier()
+        # What torch wrote in the store while creating the groups of every reload, and the
+        # WORLD each reload restored: the peers' addresses, under the package's prefixes.
+        keys[world] = sorted(k for k in store.list_keys() if "/groups/" in k or "/world/" in k)
+        dist.destroy_process_group()
+    return keys
+
+
+@pytest.mark.parametrize("swapped", [True, False], ids=["WORLD-swapped", "groups-only"])
+def test_a_world_on_a_store_an_earlier_world_used_never_reads_its_creation_keys(
+    swapped: bool,
+) -> None:
+    """torch's own rendezvous of the groups a reload creates (and of the WORLD it restores)
+    reads every peer's address under its keys: a second world on the same store, at the same
+    cycles, must write them under keys of its own, or a late peer reads a dead peer's address.
+    The oracle is the real store's keys: the second world adds as many as the first wrote."""
+    body = functools.partial(_creation_keys_of_two_worlds, swapped=swapped)
+    for rank, report in enumerate(run_ranks(body, 2, env=GATE)):
+        first, second = set(report["first"]), set(report["second"])
+        assert first, (rank, "no creation key in the store: the oracle sees nothing")
+        assert first <= second, (rank, "the first world's keys went away")
+        assert len(second - first) == len(first), (rank, sorted(first)[:2], sorted(second)[:4])
+
+
 # ---- 2. registering WORLD twice ----------------------------------------------------------------
 
 
