@@ -32,7 +32,12 @@ def _mark(key: str, rank: int) -> str:
 
 
 def _unmarked(store: Any, key: str, ranks: Sequence[int], me: int) -> list[int] | None:
-    """The members that did not fail here in time; None when the store cannot say."""
+    """The members that did not fail here in time; None when the store cannot say.
+
+    The store may go away during the grace period: its host, a survivor too, may have named
+    the missing ranks and exited first. What was read before that still stands.
+    """
+    missing: list[int] | None = None
     try:
         store.set(_mark(key, me), b"1")
         deadline = time.monotonic() + GRACE_S
@@ -41,8 +46,8 @@ def _unmarked(store: Any, key: str, ranks: Sequence[int], me: int) -> list[int] 
             if not missing or time.monotonic() >= deadline:
                 return missing
             time.sleep(0.2)
-    except Exception:  # the store is gone (the rank hosting it died)
-        return None
+    except Exception:  # the store is gone: the rank hosting it died, or has exited
+        return missing
 
 
 def failure(
