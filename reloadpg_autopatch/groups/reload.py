@@ -429,7 +429,6 @@ def reload_process_groups() -> None:
 def _reload(holder: process.ProcessState, part: report.StepReport, run: _Run) -> Any:
     pools.begin_reload()
     cycle = report.current(holder)
-    cycle.reload = part
     with part.phase("agreement"):
         agreed = _agree(holder)
     if agreed.short:
@@ -441,6 +440,9 @@ def _reload(holder: process.ProcessState, part: report.StepReport, run: _Run) ->
             "resumed on any rank and the groups still sleep: free accelerator memory (for "
             "instance offload the rollout engine first) and call reload_process_groups() again"
         )
+    # Only now is this attempt the cycle's reload: a refused one leaves the report (its
+    # destroy's figures) to the retry.
+    cycle.reload = part
     run.failures = _wake_all(holder, part, run)
     with part.phase("swap"):
         restored = world.swap_in()
