@@ -200,7 +200,10 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         return self._native is None
 
     def describe(self) -> str:
-        """A short name for messages: the group's description if it has one, else its ranks."""
+        """A short name for messages: WORLD's stand-in says it is WORLD; a group its
+        description if it has one, else its ranks."""
+        if self._record.is_world:
+            return f"WORLD (ranks {self.ranks})"
         desc = self._record.kwargs.get("group_desc")
         label = f"'{desc}' " if desc else ""
         return f"ReloadableProcessGroup {label}(ranks {self.ranks})"
