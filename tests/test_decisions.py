@@ -84,8 +84,10 @@ def expected_reload(f: ReloadFacts) -> ReloadStep:
         # Released here although in place: a peer needs it, and it cannot be rebuilt.
         if in_place:
             return ReloadStep.REFUSE_RELEASED_HERE
-        # Its members reconfigure it themselves: nothing for a non-member to create.
-        if f.state is State.NON_MEMBER and f.peers_in_place:
+        # Its members reconfigure, resume or keep it themselves: nothing for a non-member,
+        # or for a rank that released a group that sleeps by suspend, to create.
+        suspends = f.way in (Way.SUSPEND, Way.SUSPEND_WRAPPED)
+        if f.peers_in_place and (f.state is State.NON_MEMBER or suspends):
             return ReloadStep.LEAVE_TO_MEMBERS
         return ReloadStep.TAKE_PART  # torch creates groups collectively
     if f.state is State.LIVE:  # made while asleep

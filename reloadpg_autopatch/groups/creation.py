@@ -67,14 +67,16 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             holder.known_world = c10d._world.default_pg
     if type(native) is _Native:
         if ask and not suspended.capability(native).suspends:
-            return native  # the rule's answer stands: it stays torch's, ours to leave alone
+            # The rule's answer stands: it stays torch's, ours to leave alone (and named at
+            # the destroy's agreement, in case a peer's answer differs).
+            return _left_awake(holder, native)
         try:
             way = mode.way_for(native, world_swaps=world.needs_swap())
         except RuntimeError:  # refused by the mode (or torch would not say): nothing leaks
             destroy_native(native)
             raise
         if way is None:
-            return native  # a CPU group in suspend mode: it stays awake, ours to leave alone
+            return _left_awake(holder, native)  # a CPU group in suspend mode: it stays awake
         record = registry.add(args, kwargs, str(native.group_name), State.LIVE)
         record.native = native
         record.way = way
@@ -89,4 +91,11 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         registry.add(args, kwargs, seen.last, State.NON_MEMBER)
     elif native is not None and not isinstance(native, int):
         logger.debug("leaving %s native: new_group returned a custom class", type(native))
+    return native
+
+
+def _left_awake(holder: process.ProcessState, native: Any) -> Any:
+    """Remember a group this rank leaves awake while a peer may suspend it."""
+    with holder.lock:
+        holder.left_awake.add(str(native.group_name))
     return native

@@ -114,7 +114,8 @@ class ReloadFacts(NamedTuple):
     release_pending: bool
     #: Some rank still holds the group (the union of every rank's held groups).
     needed: bool
-    #: Its members reload it in place (so its non-members have nothing to create).
+    #: Its members create nothing for it (reconfigured in place, resumed, or kept awake), so
+    #: its non-members, and a member that released a group that sleeps by suspend, neither.
     peers_in_place: bool
     #: A member released it although it reloads in place (it cannot be rebuilt).
     released_by_a_member: bool
@@ -164,7 +165,7 @@ def reload_step(facts: ReloadFacts) -> ReloadStep:
             return ReloadStep.FORGET
         if in_place:  # only a member reloads in place: it released the group here
             return ReloadStep.REFUSE_RELEASED_HERE
-        if state is State.NON_MEMBER and facts.peers_in_place:
+        if facts.peers_in_place and (state is State.NON_MEMBER or facts.way.suspends):
             return ReloadStep.LEAVE_TO_MEMBERS
         return ReloadStep.TAKE_PART
     if state is State.LIVE:

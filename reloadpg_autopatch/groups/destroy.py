@@ -72,10 +72,13 @@ def _answers(holder: process.ProcessState) -> dict[str, Any]:
         "unsupported": [],
         "released": [],
         "why": [],
+        "awake": _still_known(holder),
     }
     for record in sleepers(holder):
         name = str(record.name)
-        if binding.abandoned(record):
+        if binding.abandoned(record) or record.state is State.RELEASED:
+            # Let go here (dropped, or destroy_process_group(g) while awake): no peer may
+            # enter its barrier, which this rank will never join.
             mine["released"].append(name)
             continue
         if record.state is not State.LIVE:
@@ -89,10 +92,24 @@ def _answers(holder: process.ProcessState) -> dict[str, Any]:
     return mine
 
 
+def _still_known(holder: process.ProcessState) -> list[str]:
+    """The groups this rank left awake that torch still knows (the others are forgotten)."""
+    if not holder.left_awake:
+        return []
+    known = {str(name) for name in c10d._world.pg_names.values()}
+    with holder.lock:
+        holder.left_awake &= known
+        return sorted(holder.left_awake)
+
+
 def _verdicts(merged: dict[str, Any]) -> dict[str, Sleep]:
     named = {key: set(merged.get(key, ())) for key in ("ok", "uninitialized", "unsupported")}
     named["released"] = set(merged.get("released", ()))
     every = set().union(*named.values())
+    # A group some member left awake (its backends there serve the CPU or do not support
+    # suspend) cannot be suspended where another member could: nobody suspends it. A group
+    # every member left awake is not the agreement's business.
+    named["unsupported"] |= set(merged.get("awake", ())) & every
     return {
         name: sleep_verdict(
             Reports(
@@ -113,7 +130,15 @@ def _refuse_if_strict(verdicts: dict[str, Sleep], merged: dict[str, Any]) -> Non
     refused = sorted(n for n, v in verdicts.items() if v is Sleep.FALLBACK)
     if not refused:
         return
-    why = "; ".join(sorted(set(merged.get("why", ())))) or (
+    awake = set(merged.get("awake", ()))
+    named = tuple(f"group {name!r}:" for name in refused)
+    reasons = {why for why in merged.get("why", ()) if why.startswith(named)} | {
+        f"group {name!r}: its members answered differently (it can suspend on some; on others "
+        "its backends serve only the CPU or do not support suspend, so it was left awake)"
+        for name in refused
+        if name in awake
+    }
+    why = "; ".join(sorted(reasons)) or (
         "its members' communicators answered differently (initialized on some, not yet on others)"
     )
     raise ModeRefusedError(

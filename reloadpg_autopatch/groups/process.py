@@ -105,6 +105,10 @@ class ProcessState:
         #: ``TORCH_GLOO_LAZY_INIT`` while a lazy creation runs: depth and the saved value.
         self.lazy_depth = 0
         self.lazy_saved: str | None = None
+        #: Groups asked whether they can suspend that this rank left torch's own and awake
+        #: (their backends serve the CPU, or do not support suspend): named at every destroy's
+        #: agreement, so that a peer that could suspend one never enters its barrier alone.
+        self.left_awake: set[str] = set()
 
     def move(self, to: Phase) -> None:
         """Change phase; a change ``PHASES`` does not list raises ``TransitionError``."""
@@ -150,6 +154,7 @@ class ProcessState:
         self.worlds_ended += 1
         self.world = None
         self.known_world = None
+        self.left_awake = set()
 
 
 _STATE: ProcessState | None = None

@@ -125,7 +125,8 @@ def _agree(holder: process.ProcessState) -> Agreement:
         kept = (State.LIVE, State.DESTROYED, State.SUSPENDED, State.BROKEN)
         if record.member and record.state in kept:
             held.append(record.name)
-            if record.in_place:
+            # Reconfigured, resumed or kept awake: its members create nothing for it.
+            if record.in_place or (record.way.suspends and record.state is not State.DESTROYED):
                 in_place.append(record.name)
         elif record.state is State.RELEASED and record.member:
             takes_part = True
