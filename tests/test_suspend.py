@@ -813,6 +813,59 @@ def test_auto_mode_falls_back_for_the_groups_that_cannot_suspend_and_suspends_th
         assert out["creations"] == (0 if ON_214 else 2), out["creations"]
 
 
+def _left_awake(ctx: Rank) -> dict[str, Any]:
+    """Auto mode: rank 1's backend says at creation that it does not support suspend, so rank
+    1 leaves ``cr`` torch's own and awake, where rank 0 takes it to suspend; ``dp`` can
+    suspend everywhere. Two cycles."""
+    leg = _leg()
+    torch, dist, rpg, s = _start(ctx, mode="auto", timeout=10.0)  # a lone creation: 10 s
+    if ctx.rank == 1:
+        s.configure(unsupported="backend")
+    cr = dist.new_group([0, 1], backend=leg, group_desc="cr")
+    s.configure()
+    dp = dist.new_group([0, 1], backend=leg, group_desc="dp")
+    made = s.creations()
+    cr_label = _backend(cr).label
+    out: dict[str, Any] = {"cycles": []}
+    for _ in range(2):
+        seen = len(s.CALLS)
+        destroy = _outcome(rpg.destroy_process_groups)
+        asleep = {
+            n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g))[0]
+            for n, g in (("cr", cr), ("dp", dp))
+        }
+        reload = _outcome(rpg.reload_process_groups)
+        cr_log = [c[1] for c in _log(s, seen) if c[0] == cr_label]
+        after = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for g in (cr, dp)]
+        out["cycles"].append(
+            {
+                "destroy": destroy,
+                "asleep": asleep,
+                "reload": reload,
+                "cr log": cr_log,
+                "after": after,
+            }
+        )
+    out["creations"] = s.creations() - made
+    return out
+
+
+def test_a_group_one_rank_left_awake_at_creation_sleeps_on_no_rank() -> None:
+    """``auto`` mode, ``cr`` left awake on rank 1 from its creation (its backend there does
+    not support suspend), taken to suspend on rank 0: no rank suspends, destroys or creates
+    ``cr`` (rank 0 alone in a barrier or a creation would wait for a peer that never comes),
+    it works while the others sleep and after, and ``dp`` still sleeps and wakes."""
+    for rank, out in enumerate(_ranks(_left_awake)):
+        for number, cycle in enumerate(out["cycles"], start=1):
+            where = (rank, number)
+            assert cycle["destroy"] == ("ok", None), (where, cycle["destroy"])
+            assert cycle["asleep"] == {"cr": "ok", "dp": "GroupSuspendedError"}, where
+            assert cycle["reload"] == ("ok", None), (where, cycle["reload"])
+            assert not {"suspend", "resume"} & set(cycle["cr log"]), (where, cycle["cr log"])
+            assert cycle["after"] == [("ok", 3.0), ("ok", 3.0)], (where, cycle["after"])
+        assert out["creations"] == 0, (rank, out["creations"])
+
+
 def _guard_only(ctx: Rank) -> dict[str, Any]:
     leg = _leg()
     torch, dist, rpg, s = _start(ctx)

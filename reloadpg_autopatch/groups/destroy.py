@@ -107,9 +107,10 @@ def _verdicts(merged: dict[str, Any]) -> dict[str, Sleep]:
     named["released"] = set(merged.get("released", ()))
     every = set().union(*named.values())
     # A group some member left awake (its backends there serve the CPU or do not support
-    # suspend) cannot be suspended where another member could: nobody suspends it. A group
-    # every member left awake is not the agreement's business.
-    named["unsupported"] |= set(merged.get("awake", ())) & every
+    # suspend) stays awake on every member: nobody suspends it, and nobody destroys it either
+    # (that member would never take part in creating it again). Strict mode refuses it
+    # (``_refuse_if_strict``). A group every member left awake is not the agreement's business.
+    named["released"] |= set(merged.get("awake", ())) & every
     return {
         name: sleep_verdict(
             Reports(
@@ -124,13 +125,14 @@ def _verdicts(merged: dict[str, Any]) -> dict[str, Sleep]:
 
 
 def _refuse_if_strict(verdicts: dict[str, Sleep], merged: dict[str, Any]) -> None:
-    """In ``suspend`` mode a group no rank can suspend is refused, alike on every rank."""
+    """In ``suspend`` mode a group some member cannot suspend (or left awake) is refused,
+    alike on every rank."""
     if mode.get_reload_mode() != "suspend":
         return
-    refused = sorted(n for n, v in verdicts.items() if v is Sleep.FALLBACK)
+    awake = set(merged.get("awake", ()))
+    refused = sorted(n for n, v in verdicts.items() if v is Sleep.FALLBACK or n in awake)
     if not refused:
         return
-    awake = set(merged.get("awake", ()))
     named = tuple(f"group {name!r}:" for name in refused)
     reasons = {why for why in merged.get("why", ()) if why.startswith(named)} | {
         f"group {name!r}: its members answered differently (it can suspend on some; on others "
