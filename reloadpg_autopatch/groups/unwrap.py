@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -56,8 +57,12 @@ def _unwrap_nested(group: Any) -> Any:
         if not isinstance(group, _Native):
             return group
         if isinstance(group, ReloadableProcessGroup):
-            # Destroyed (the error), or armed by the memory guard (which runs now).
-            return group.live("passed to torch.distributed")
+            # Destroyed or asleep (the error: it names the call), or armed by the memory
+            # guard (which runs now).
+            what = "passed to torch.distributed"
+            if group.is_destroyed:
+                what = _patched_caller() or what
+            return group.live(what)
         inner = getattr(group, "group", _MISSING)
         if inner is None:
             raise GroupDestroyedError(
@@ -68,6 +73,18 @@ def _unwrap_nested(group: Any) -> Any:
             return group
         group = inner
     raise ReloadPGError(f"process group wrappers nest deeper than {_MAX_DEPTH} levels")
+
+
+def _patched_caller() -> str | None:
+    """The torch.distributed function whose patched wrapper is unwrapping (for an error)."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        if frame.f_globals.get("__rpg_unwrap") is unwrap:  # a wrapper ``wrapgen`` made
+            return f"torch.distributed.{frame.f_code.co_name}()"
+        frame = frame.f_back
+    return None
 
 
 #: How long a collective that lost its connection waits to learn that this rank destroyed its
