@@ -276,7 +276,8 @@ def hook_on(native: Any, awake: list[str], error: Callable[[str], BaseException]
 
     A call whose tensors are all on a device type that stays awake (the CPU leg of a
     ``cpu:gloo,cuda:nccl`` group) goes through; a barrier goes through where the group has a
-    CPU leg (torch sends it there); a split is refused (create groups after the reload).
+    CPU leg (torch sends it there); a split is refused where torch runs the hook for it
+    (torch 2.14's ``split_group`` does not: see docs/suspend.md, bypasses).
     """
 
     def refuse_while_asleep(args: Any) -> None:
