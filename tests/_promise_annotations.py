@@ -37,6 +37,17 @@ def through_object_chain_in_a_union(tensor, handle: "typing.Union[chain.b.c.PG, 
     return handle
 
 
+def through_object_chain_on_the_right(tensor, handle: "int | chain.b.c.PG" = None):
+    """The group on the right of a union: both sides are read."""
+    return handle
+
+
+def through_module_alias_last_in_a_union(
+    tensor, handle: "typing.Union[int, td.distributed_c10d.ProcessGroup]" = None
+):
+    return handle
+
+
 def not_a_group(tensor, handle: "chain.b.c.Other" = None):
     """The same chain, ending at ``int``: no group parameter."""
     return handle
@@ -48,4 +59,6 @@ TAKE_A_GROUP = (
     "through_module_alias_union",
     "through_object_chain",
     "through_object_chain_in_a_union",
+    "through_object_chain_on_the_right",
+    "through_module_alias_last_in_a_union",
 )

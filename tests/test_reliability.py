@@ -284,20 +284,34 @@ def _register_twice(ctx: Rank) -> dict:
             "runtime_error": isinstance(error, RuntimeError),
             "message": str(error),
         }
+    try:  # the backends torch registers for accelerators (None), where gloo was asked
+        rpg.register_default_process_group(TIMEOUT)
+        out["other_backends"] = {"error": None}
+    except Exception as error:
+        out["other_backends"] = {
+            "error": _error(error),
+            "runtime_error": isinstance(error, RuntimeError),
+            "message": str(error),
+        }
     out["after_other"] = _identity_cycles(dist, saved, ctx.rank, 3)
     return out
 
 
 def test_registering_world_twice_keeps_the_first_registration() -> None:
-    """The same arguments again: nothing happens. Other arguments: a RuntimeError naming the
-    parameter. Either way WORLD stays one object, swapped every cycle, with the first
-    registration's timeout (torch's own backend options say which)."""
+    """The same arguments again: nothing happens. Other arguments (a timeout, the accelerator
+    backends): a RuntimeError naming the parameter. Either way WORLD stays one object, swapped
+    every cycle, with the first registration's timeout (torch's own backend options say
+    which)."""
     for report in run_ranks(_register_twice, 2, timeout=150, env=GATE):
         assert report["same_args"] == "no error", report["same_args"]
         other = report["other_timeout"]
         assert other["error"] is not None, "registering again with another timeout raised nothing"
         assert other["runtime_error"], other
         assert "timeout" in other["message"], other
+        backends = report["other_backends"]
+        assert backends["error"] is not None, "registering again with other backends passed"
+        assert backends["runtime_error"], backends
+        assert "accelerator_backends" in backends["message"], backends
         for label in ("after_same", "after_other"):
             for cycle in report[label]:
                 assert cycle["same"] == [True, True, True], (label, cycle)
