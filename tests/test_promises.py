@@ -751,10 +751,12 @@ def _hooks_pools_report(ctx: Rank) -> dict:
     probe.install()
     a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
     seen: list[list[str]] = []
+    marks: list[int] = []  # how many readings the probe had given when the hooks ran
 
     def before_destroy(groups: list) -> None:
         names = {id(dist.group.WORLD): "WORLD", id(a): "a", id(b): "b"}
         seen.append([names.get(id(g), repr(g)) for g in groups])
+        marks.append(len(probe.returned))
 
     rpg.add_reload_hook(before_destroy=before_destroy, name="who")
     out: dict[str, Any] = {"hooks": seen}
@@ -783,6 +785,7 @@ def _hooks_pools_report(ctx: Rank) -> dict:
         "before": list(before) if before is not None else None,
         "after": list(after) if after is not None else None,
         "returned": [list(f) for f in probe.returned],
+        "hooks_at": marks[-1],
     }
     return out
 
@@ -816,6 +819,8 @@ def test_p5_freed_bytes_is_the_difference_of_the_figures_it_is_made_from(
         assert before in returned, freed
         assert after in returned, freed
         assert returned.index(after) > returned.index(before), freed
+        # Before the hooks and the destroy, and after them: nothing is freed in between.
+        assert returned.index(before) < freed["hooks_at"] <= returned.index(after), freed
         free = 0  # MemoryFigures(free, total, allocated, reserved)
         assert after[free] > before[free], freed
         assert freed["freed_bytes"] == after[free] - before[free], freed
