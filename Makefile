@@ -27,7 +27,7 @@ STARTUP_VENV ?= .venv-startup-$(notdir $(PYTHON))
 STARTUP_PY := $(STARTUP_VENV)/bin/python
 STARTUP_STAMP := $(STARTUP_VENV)/.reloadpg-installed
 
-.PHONY: install test test-startup demo bench lint
+.PHONY: install test test-unit test-ranks test-install test-startup demo bench lint
 
 # The editable install copies the .pth and .start into site-packages: reinstall when they change.
 # pyenv's shims run only the versions pyenv has selected; scripts/find-python asks pyenv for
@@ -43,6 +43,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# One kind of test at a time, by folder: tests/unit (in one process, seconds: the quick local
+# loop), tests/ranks (several rank processes), tests/install (wheels, venvs, fresh interpreters).
+test-unit test-ranks test-install: test-%: $(STAMP)
+	$(PY) -m pytest tests/$*
 
 # The package itself is not installed here: the tests build and install its wheel.
 $(STARTUP_STAMP):

@@ -77,7 +77,7 @@ def main() -> int:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests import suspendable
+    from tests.support import suspendable
 
     suspendable.register()
     rpg.monkey_patch_torch_dist()

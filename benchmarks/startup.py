@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from benchmarks.stats import Row, Summary, summarize
-from tests._venv import ROOT, Venv, clean_env, make_venv
+from tests.support.venv import ROOT, Venv, clean_env, make_venv
 
 # Times the import inside the child (the interpreter's start and torch's slow, noisy exit are
 # left out), and, when activation is on, the patch itself: the hook's callback is wrapped.

@@ -1,4 +1,11 @@
-"""Shared fixtures. The pytest process itself is patched only by tests that ask for it."""
+"""Shared fixtures, and a marker per folder. The pytest process itself is patched only by tests
+that ask for it.
+
+The folders are the kinds of test: ``unit/`` runs in this one process, ``ranks/`` starts
+several rank processes (``tests/support/ranks.py``), ``install/`` builds wheels and venvs and
+starts fresh interpreters the way a user's machine does. Each test gets its folder's marker, so
+``pytest -m unit`` (``make test-unit``) is the quick local loop.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +13,8 @@ import importlib.util
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # Children started by the tests must never inherit a gate or switch from the caller's shell.
 for _name in [n for n in os.environ if n.startswith("SLIME_RELOADABLE_PG")]:
@@ -18,6 +22,16 @@ for _name in [n for n in os.environ if n.startswith("SLIME_RELOADABLE_PG")]:
 
 
 TORCH_INSTALLED = importlib.util.find_spec("torch") is not None
+
+#: The marker each folder gives its tests.
+KINDS = ("unit", "ranks", "install")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        kind = item.path.parent.name
+        if kind in KINDS:
+            item.add_marker(kind)
 
 
 def pytest_report_header(config) -> str:
@@ -86,7 +100,7 @@ def python() -> str:
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> dict:
     """An sdist and the wheel built *from* it (``python -m build``'s default), once a session."""
-    from tests._venv import build
+    from tests.support.venv import build
 
     out = tmp_path_factory.mktemp("dist")
     files = build(out)
@@ -102,7 +116,7 @@ def installed(built, tmp_path_factory):
 
     In the torch lanes that is torch and megatron-core; in the start-up lane, no torch at all.
     """
-    from tests._venv import make_venv
+    from tests.support.venv import make_venv
 
     venv = make_venv(tmp_path_factory.mktemp("venv") / "installed")
     venv.install(built["wheel"])
@@ -112,7 +126,7 @@ def installed(built, tmp_path_factory):
 @pytest.fixture(scope="session")
 def installed_without_torch(built, tmp_path_factory):
     """A fresh venv with the wheel installed and no torch, whatever this environment holds."""
-    from tests._venv import make_venv
+    from tests.support.venv import make_venv
 
     venv = make_venv(tmp_path_factory.mktemp("venv") / "without-torch", reuse_test_packages=False)
     venv.install(built["wheel"])

@@ -4,7 +4,7 @@ site.py executes a ``.pth`` line only if it starts with ``import`` and runs the 
 once, so a ``try`` statement cannot be written on it. The line therefore reads the gate itself
 (importing nothing of ours while it is off) and otherwise executes, in a fresh namespace, the
 source of ``guarded_activation`` below followed by a call of it. ``render_pth()`` builds that
-line from this file, so the guard is linted like any other code; ``tests/test_pth.py`` checks
+line from this file, so the guard is linted like any other code; ``tests/unit/test_pth.py`` checks
 that the files at the repository root are exactly what this module renders, and
 ``python -m reloadpg_autopatch._startup.pth [DIR]`` rewrites them.
 """

@@ -1,0 +1,187 @@
+"""The .pth and .start files land in site-packages for every install mode, and leave with it."""
+
+from __future__ import annotations
+
+import tarfile
+import zipfile
+
+import pytest
+
+from tests.support.venv import ROOT, Venv, make_venv, reported
+
+pytestmark = pytest.mark.timeout(600)
+
+SITE_FILES = ("reloadpg_autopatch.pth", "reloadpg_autopatch.start")
+
+# Never imports anything of ours: it only looks at what torch.distributed now holds. torch's
+# modules are listed from sys.modules itself: start-up must not import torch, under any name.
+PROBE = r"""
+import json, sys
+out = {
+    "at_start": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "torch_at_start": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+}
+import torch.distributed as dist
+fn = dist.all_gather_into_tensor
+out["patched"] = getattr(fn, "__reloadpg_autopatch__", False) is True
+out["wrapped_original"] = getattr(getattr(fn, "__wrapped__", None), "__module__", None)
+out["at_end"] = sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch"))
+print(json.dumps(out))
+"""
+
+
+def check_site_files(venv: Venv) -> None:
+    for name in SITE_FILES:
+        installed = venv.purelib / name
+        assert installed.is_file(), f"{name} missing from {venv.purelib}"
+        assert installed.read_text() == (ROOT / name).read_text()
+
+
+def check_installed(venv: Venv) -> None:
+    check_site_files(venv)
+
+    on = venv.script(PROBE, SLIME_RELOADABLE_PG="1")
+    assert on["patched"]
+    assert on["wrapped_original"] == "torch.distributed.distributed_c10d"
+    assert "reloadpg_autopatch._startup.bootstrap" in on["at_start"]
+    assert on["torch_at_start"] == []
+    assert reported(on["_stderr"]) == [], on["_stderr"]
+
+    off = venv.script(PROBE)
+    assert not off["patched"]
+    assert off["at_start"] == off["at_end"] == []
+    assert off["torch_at_start"] == []
+    assert reported(off["_stderr"]) == [], off["_stderr"]
+
+
+def check_uninstalled(venv: Venv, probe: str = PROBE) -> None:
+    venv.pip("uninstall", "--yes", "reloadpg_autopatch")
+    for name in SITE_FILES:
+        assert not (venv.purelib / name).exists(), f"{name} left behind by pip uninstall"
+    assert not (venv.purelib / "reloadpg_autopatch").exists()
+    off = venv.script(probe, SLIME_RELOADABLE_PG="1")  # the gate alone does nothing now
+    assert not off.get("patched")
+    assert off["at_start"] == []
+
+
+def test_wheel_install_and_uninstall(tmp_path) -> None:
+    venv = make_venv(tmp_path / "wheel")
+    venv.install(ROOT)
+    check_installed(venv)
+    check_uninstalled(venv)
+
+
+def test_editable_install_and_uninstall(tmp_path) -> None:
+    venv = make_venv(tmp_path / "editable")
+    venv.install(ROOT, editable=True)
+    assert any(p.name.startswith("__editable__") for p in venv.purelib.iterdir())
+    check_installed(venv)
+    check_uninstalled(venv)
+
+
+def test_sdist_carries_the_files_and_its_wheel_installs_them(built, installed) -> None:
+    with tarfile.open(built["sdist"]) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    assert set(SITE_FILES) <= names
+    assert {"setup.py", "setup.cfg", "MANIFEST.in"} <= names
+    with zipfile.ZipFile(built["wheel"]) as wheel:  # this wheel was built from the sdist
+        assert set(SITE_FILES) <= set(wheel.namelist())
+    check_installed(installed)
+
+
+# Without torch: the gate on installs the hook and nothing else; importing torch.distributed
+# then fails exactly as it would without the package.
+NO_TORCH_PROBE = r"""
+import json, sys
+out = {
+    "at_start": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "hooks": [type(f).__module__ for f in sys.meta_path if "reloadpg" in type(f).__module__],
+    "torch_at_start": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+}
+try:
+    import torch.distributed
+except ImportError as error:
+    out["error"] = f"{type(error).__name__}: {error}"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.startup
+def test_wheel_installs_and_starts_up_without_torch(built, tmp_path) -> None:
+    # Built by this test run's Python, which in the start-up lanes is 3.10, 3.12 or 3.13.
+    venv = make_venv(tmp_path / "no-torch", reuse_test_packages=False)
+    venv.install(built["wheel"])
+    check_site_files(venv)
+
+    on = venv.script(NO_TORCH_PROBE, SLIME_RELOADABLE_PG="1")
+    # Only the start-up layer: the package, the vocabulary of the environment (it imports
+    # nothing), _startup, its bootstrap and the hook it installed.
+    assert on["at_start"] == [
+        "reloadpg_autopatch",
+        "reloadpg_autopatch._env",
+        "reloadpg_autopatch._startup",
+        "reloadpg_autopatch._startup.bootstrap",
+        "reloadpg_autopatch._startup.finder",
+    ]
+    assert on["hooks"] == ["reloadpg_autopatch._startup.finder"]
+    assert on["torch_at_start"] == []
+    assert on["error"] == "ModuleNotFoundError: No module named 'torch'"
+    assert on["_stderr"] == ""  # no torch here to log anything: every line would be ours
+
+    off = venv.script(NO_TORCH_PROBE, SLIME_RELOADABLE_PG="0")
+    assert off["at_start"] == off["hooks"] == off["torch_at_start"] == []
+    assert off["error"] == "ModuleNotFoundError: No module named 'torch'"
+    assert off["_stderr"] == ""
+
+    check_uninstalled(venv, NO_TORCH_PROBE)
+
+
+# What the interpreter of a venv imports and finds, without running the package (the gate is
+# off): where the package comes from, each installed copy's site directory in the order
+# importlib.metadata finds them, and the first copy's direct_url.json (pip's note of the artifact).
+PROVENANCE = r"""
+import importlib.metadata as metadata, json
+import reloadpg_autopatch
+copies = list(metadata.distributions(name="reloadpg_autopatch"))
+print(json.dumps({
+    "file": reloadpg_autopatch.__file__,
+    "sites": [str(copy.locate_file("")) for copy in copies],
+    "direct_url": json.loads(copies[0].read_text("direct_url.json") or "null"),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def outer_with_the_package(built, tmp_path_factory) -> Venv:
+    """An environment that already holds the package, non-editable and at the same version."""
+    outer = make_venv(tmp_path_factory.mktemp("outer") / "outer", reuse_test_packages=False)
+    outer.install(built["wheel"])
+    assert (outer.purelib / "reloadpg_autopatch" / "__init__.py").is_file()
+    return outer
+
+
+@pytest.mark.startup
+@pytest.mark.parametrize("artifact", ["wheel", "sdist", "editable"])
+def test_a_venv_gets_exactly_the_artifact_whatever_is_installed_around_it(
+    artifact, built, outer_with_the_package, tmp_path
+) -> None:
+    # pip, asked for a wheel of a version the environment around already holds, says "already
+    # installed with the same version" and installs nothing; an editable copy comes after the
+    # outer site-packages on sys.path. Either way the venv would test the outer copy.
+    venv = make_venv(tmp_path / artifact, outer=outer_with_the_package.purelib)
+    target = ROOT if artifact == "editable" else built[artifact]
+    venv.install(target, editable=artifact == "editable")
+
+    found = venv.script(PROVENANCE)
+    assert found["sites"][0] == str(venv.purelib), found["sites"]
+    assert found["direct_url"]["url"] == target.resolve().as_uri()
+    if artifact == "editable":
+        assert found["direct_url"]["dir_info"] == {"editable": True}
+        assert found["file"] == str(ROOT / "reloadpg_autopatch" / "__init__.py")
+        return
+    assert found["file"] == str(venv.purelib / "reloadpg_autopatch" / "__init__.py")
+    if artifact == "wheel":  # every file the wheel holds, byte for byte
+        with zipfile.ZipFile(target) as wheel:
+            for name in wheel.namelist():
+                if ".dist-info/" not in name:
+                    assert (venv.purelib / name).read_bytes() == wheel.read(name), name
