@@ -430,6 +430,10 @@ def test_non_members_take_part_and_a_group_released_on_one_rank(capfd: Any) -> N
 # ---- 6. one rank's creations lag during reload ----------------------------------------------
 
 
+#: How long each of the lagging rank's creations waits: far longer than a gloo handshake.
+LAG_S = 0.5
+
+
 def _lagging(ctx: Rank) -> list[dict]:
     import time
 
@@ -448,7 +452,7 @@ def _lagging(ctx: Rank) -> list[dict]:
 
         def slow(*args: Any, **kwargs: Any) -> Any:
             if lag["on"]:
-                time.sleep(1.0)
+                time.sleep(LAG_S)
             return real(*args, **kwargs)
 
         c10d._new_process_group_helper = slow
@@ -486,6 +490,7 @@ def _lagging(ctx: Rank) -> list[dict]:
 
 @pytest.mark.parametrize("world", ["registered", "not registered"])
 def test_a_rank_whose_creations_lag_during_reload(world: str, capfd: Any) -> None:
+    """Over 10 s: four cycles in which each of rank 1's creations waits ``LAG_S``, on one core."""
     both = _expected([0, 1])
     env = {**GATE, "BLIND_SPOTS_WORLD": world}
     for cycles in run_ranks(_lagging, 2, env=env, timeout=280):

@@ -21,7 +21,7 @@ from tests.support.ranks import Rank, errors_of, pg_count, run_ranks, total
 pytestmark = pytest.mark.timeout(300)
 
 #: How long the late rank sleeps; every store and group timeout below is well above it.
-SKEW_S = 3.0
+SKEW_S = 1.0
 TIMEOUT = timedelta(seconds=30)
 STEPS = 50
 

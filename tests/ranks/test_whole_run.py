@@ -421,7 +421,9 @@ def test_names_stay_unique_and_say_reload_while_destroyed() -> None:
 
 # ---- 3. a rank that dies or never comes ------------------------------------------------------
 
-WORLD_S = 6  # WORLD's timeout in the kill tests
+#: WORLD's timeout in the kill tests: what a survivor waits out, so the shortest that still lets
+#: the good cycle before the kill finish on a loaded machine.
+WORLD_S = 3
 KILL_STEPS = ("destroy", "temporary", "agreement", "world", "creation")
 
 
