@@ -131,3 +131,21 @@ def installed_without_torch(built, tmp_path_factory):
     venv = make_venv(tmp_path_factory.mktemp("venv") / "without-torch", reuse_test_packages=False)
     venv.install(built["wheel"])
     return venv
+
+
+@pytest.fixture
+def one_ray_cluster_at_a_time():
+    """Hold a machine-wide lock while this test runs its own Ray cluster.
+
+    ``.ci/run`` runs two torch lanes at once; two local Ray clusters starting together on one
+    machine compete for its ports and its ``/tmp/ray`` session folder. The lock lives in
+    ``/tmp`` itself, not under the lane's own ``TMPDIR``.
+    """
+    import fcntl
+
+    with open("/tmp/reloadpg_autopatch-tests-ray.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.timeout(420)
 DRIVER = PROGRAMS / "ray_driver.py"
 
 
+@pytest.mark.usefixtures("one_ray_cluster_at_a_time")
 def test_runtime_env_reaches_actors_and_jobs_but_not_the_driver(installed, tmp_path) -> None:
     """Over 10 s: a real local Ray cluster starts (its dashboard too, for ``ray job submit``),
     and every actor and the job is a fresh interpreter that imports torch."""

@@ -123,6 +123,7 @@ def test_a_process_that_ended_a_world_meets_a_fresh_process(registered: bool) ->
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.usefixtures("one_ray_cluster_at_a_time")
 def test_a_ray_actor_restarted_by_ray_meets_the_survivors(tmp_path) -> None:
     """Ray restarts a killed actor (``max_restarts=1``); the survivor ends its world; all
     ranks start a new world and cycle it: within WORLD's timeout, every sum right, no error."""
