@@ -19,8 +19,9 @@ data on its first run there:
   guard, a CUDA memory pool across a reload, the cycle report against ``mem_get_info``), the
   package's suspend mode, nccl2 in place, and the suspend probes (a raw collective on a
   suspended communicator last: it may fault the GPU).
-- ``DIR/smoke.json`` is written after every step and as each run starts (a temporary file,
-  then a rename), so a run cut at its limit still returns its data. Every rank is a fresh
+- ``DIR/smoke.json`` is written as each step and each run starts and ends, and twice a second
+  while ranks report (a temporary file, then a rename), so a run cut at its limit still
+  returns its data, the running step's included. Every rank is a fresh
   interpreter in a process session of its own, killed as a group at its deadline (and by the
   kernel if this script dies); the GPU is checked free before each run. The deadlines add up
   to at most 8 minutes (``--plan``); ``--budget`` stops starting steps that might not fit.
@@ -66,6 +67,8 @@ BUDGET_S = 480.0
 #: Per run, besides its deadline: the GPU check before it and reaping the ranks after it.
 CHECK_S = 5.0
 REAP_S = 3.0
+#: The JSON takes in what the ranks of a running run said at most this often.
+FLUSH_S = 0.5
 #: A rank whose peer died is given this long to notice before it is killed too.
 PEER_GRACE_S = 5.0
 TAG = "@gpu_smoke "
@@ -524,8 +527,10 @@ def _group_alive(pgid: int) -> bool:
 class Ranks:
     """The ranks of one run, each in a session of its own; ``stop`` kills every group."""
 
-    def __init__(self, run: Run, rehearse: bool) -> None:
-        self.run, self.rehearse = run, rehearse
+    def __init__(self, run: Run, rehearse: bool, on_news: Callable[[], None] | None = None) -> None:
+        self.run, self.rehearse, self.on_news = run, rehearse, on_news
+        self.news = False  # a rank reported something not yet passed to ``on_news``
+        self.told = 0.0
         self.procs: list[subprocess.Popen] = []
         self.running_at_end: list[int] = []
         self.lines: queue.Queue = queue.Queue()
@@ -587,6 +592,9 @@ class Ranks:
                 else:
                     self._take(rank, channel, line)
             now = time.monotonic()
+            if self.news and self.on_news is not None and now - self.told >= FLUSH_S:
+                self.news, self.told = False, now
+                self.on_news()
             codes = [p.poll() for p in self.procs]
             if first_failure is None and any(c not in (None, 0) for c in codes):
                 first_failure = now
@@ -634,6 +642,7 @@ class Ranks:
 
     def _take(self, rank: int, channel: str, line: str) -> None:
         entry = self.ranks[rank]
+        self.news = True
         for tag in (TAG, DEMO_TAG):
             if channel == "out" and line.startswith(tag):
                 try:
@@ -769,7 +778,12 @@ def execute(run: Run, rehearse: bool, record: Record, step: dict[str, Any]) -> d
             f"{entry['memory_before']}"
         )
     step["runs"].append(entry)
-    ranks = Ranks(run, rehearse)
+
+    def news() -> None:  # what the ranks said so far, so that a cut run keeps it too
+        entry["ranks"] = _rank_records(ranks.ranks)
+        record.write()
+
+    ranks = Ranks(run, rehearse, on_news=news)
     started = time.monotonic()
     try:
         entry["pids"] = ranks.start()

@@ -292,16 +292,18 @@ def test_the_preflight_finds_what_the_gpu_run_decides_on(rehearsal) -> None:
 
 
 def test_a_run_cut_midway_keeps_the_steps_so_far(tmp_path: Path) -> None:
-    """Killed (SIGKILL, as a time limit does) once the preflight is written and the next
-    step's ranks run: ``smoke.json`` still parses and holds the finished preflight, and the
-    step that was running names its ranks, which die with the script (their own sessions,
-    so nothing but the script's watch ends them)."""
+    """Killed (SIGKILL to its process group, as a time limit does) while the second step's
+    ranks run: ``smoke.json`` still parses, holds the finished preflight and what the running
+    step's ranks reported so far, and names those ranks, which die with the script. They are
+    held in the stand-in's suspend, silent, so they would never end by themselves, and they run
+    in sessions of their own, so the kill does not reach them: only their watch on the script
+    ends them."""
     out = tmp_path / "cut"
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "--out", str(out), "--rehearse"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=_env(),
+        env={**_env(), "SUSPENDABLE_HANG": "suspend"},
         cwd=str(ROOT),
         start_new_session=True,
     )
@@ -313,8 +315,9 @@ def test_a_run_cut_midway_keeps_the_steps_so_far(tmp_path: Path) -> None:
             if path.exists():
                 data = json.loads(path.read_text(encoding="utf-8"))
                 steps = data["steps"]
-                if len(steps) >= 2 and steps[1]["runs"] and steps[1]["runs"][-1]["pids"]:
-                    break
+                ranks = steps[1]["runs"][-1]["ranks"] if len(steps) > 1 and steps[1]["runs"] else []
+                if ranks and all("stats_awake" in r["data"] for r in ranks):
+                    break  # every rank said so, then entered the held suspend
             assert proc.poll() is None, "the rehearsal ended before it could be cut"
             time.sleep(0.05)
         else:
@@ -333,6 +336,7 @@ def test_a_run_cut_midway_keeps_the_steps_so_far(tmp_path: Path) -> None:
     assert len(running) == 1, [(s["name"], s["status"]) for s in data["steps"]]
     assert running[0] is data["steps"][-1]
     assert running[0]["runs"][-1]["outcome"] == "running"
+    assert all(r["data"]["stats_awake"] for r in running[0]["runs"][-1]["ranks"])
     pids = running[0]["runs"][-1]["pids"]
     assert pids
     gone_by = time.monotonic() + 10
