@@ -533,6 +533,7 @@ class Ranks:
         self.told = 0.0
         self.procs: list[subprocess.Popen] = []
         self.running_at_end: list[int] = []
+        self.left: list[int] = []  # ranks (or their groups) still there after the kill
         self.lines: queue.Queue = queue.Queue()
         self.ranks = [
             {
@@ -610,7 +611,7 @@ class Ranks:
                 outcome = "timeout"
                 break
         self.running_at_end = [r for r, p in enumerate(self.procs) if p.poll() is None]
-        self.stop()
+        self.left = self.stop()
         self._drain()
         for entry, proc in zip(self.ranks, self.procs, strict=True):
             entry["exit_code"] = proc.poll()
@@ -626,7 +627,7 @@ class Ranks:
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(reaped_by - time.monotonic(), 0.01))
-        left = [p.pid for p in self.procs if _group_alive(p.pid)]
+        left = [p.pid for p in self.procs if p.poll() is None or _group_alive(p.pid)]
         for pgid in left:
             _kill_group(pgid)
         return left
@@ -796,7 +797,7 @@ def execute(run: Run, rehearse: bool, record: Record, step: dict[str, Any]) -> d
         entry["ranks"] = _rank_records(ranks.ranks)
         raise
     entry["wall_s"] = round(time.monotonic() - started, 2)
-    entry["leftover_groups"] = [pid for pid in entry["pids"] if _group_alive(pid)]
+    entry["leftover_groups"] = ranks.left
     rank_records = _rank_records(ranks.ranks)
     if run.program == "demo":
         rank_records[0]["checks"] += _demo_checks(run, rank_records, rehearse)

@@ -10,6 +10,7 @@ so that its ``.pth`` activates the ranks), under a timeout, so that a hang fails
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -308,20 +309,8 @@ def test_a_run_cut_midway_keeps_the_steps_so_far(tmp_path: Path) -> None:
         start_new_session=True,
     )
     path = out / "smoke.json"
-    deadline = time.monotonic() + 60
-    data: dict[str, Any] = {}
     try:
-        while time.monotonic() < deadline:
-            if path.exists():
-                data = json.loads(path.read_text(encoding="utf-8"))
-                steps = data["steps"]
-                ranks = steps[1]["runs"][-1]["ranks"] if len(steps) > 1 and steps[1]["runs"] else []
-                if ranks and all("stats_awake" in r["data"] for r in ranks):
-                    break  # every rank said so, then entered the held suspend
-            assert proc.poll() is None, "the rehearsal ended before it could be cut"
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"no second step started within 60 s: {data}")
+        _wait_for_held_ranks(path, proc)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -335,8 +324,10 @@ def test_a_run_cut_midway_keeps_the_steps_so_far(tmp_path: Path) -> None:
     running = [s for s in data["steps"] if s["status"] == "running"]
     assert len(running) == 1, [(s["name"], s["status"]) for s in data["steps"]]
     assert running[0] is data["steps"][-1]
-    assert running[0]["runs"][-1]["outcome"] == "running"
-    assert all(r["data"]["stats_awake"] for r in running[0]["runs"][-1]["ranks"])
+    cut = running[0]["runs"][-1]
+    assert cut["outcome"] == "running"
+    assert len(cut["ranks"]) == cut["world_size"]
+    assert all(r["data"]["stats_awake"] for r in cut["ranks"])
     pids = running[0]["runs"][-1]["pids"]
     assert pids
     gone_by = time.monotonic() + 10
@@ -345,6 +336,55 @@ def test_a_run_cut_midway_keeps_the_steps_so_far(tmp_path: Path) -> None:
         alive = [pid for pid in pids if _alive(pid)]
         time.sleep(0.1)
     assert alive == [], f"ranks {alive} outlived the script that started them"
+
+
+def test_sigterm_stops_the_ranks_and_says_so_in_json(tmp_path: Path) -> None:
+    """SIGTERM (what ``timeout`` sends) while ranks run: the script kills them, records the
+    step and the run as ``interrupted`` with what the ranks reported, and exits 130."""
+    out = tmp_path / "term"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--rehearse"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**_env(), "SUSPENDABLE_HANG": "suspend"},
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
+    try:
+        _wait_for_held_ranks(out / "smoke.json", proc)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    data = json.loads((out / "smoke.json").read_text(encoding="utf-8"))
+    assert schema_problems(data) == []
+    assert code == 130
+    assert data["status"] == "interrupted"
+    assert data["exit_code"] == 130
+    step = data["steps"][-1]
+    assert step["status"] == "interrupted", step
+    run = step["runs"][-1]
+    assert run["outcome"] == "interrupted"
+    assert len(run["ranks"]) == run["world_size"]
+    assert all(r["data"]["stats_awake"] for r in run["ranks"])
+    assert [pid for pid in run["pids"] if _alive(pid)] == []
+
+
+def _wait_for_held_ranks(path: Path, proc: subprocess.Popen, limit: float = 60.0) -> None:
+    """Until the second step's ranks have all reported, then entered the held suspend."""
+    deadline = time.monotonic() + limit
+    data: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if path.exists():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            steps = data["steps"]
+            ranks = steps[1]["runs"][-1]["ranks"] if len(steps) > 1 and steps[1]["runs"] else []
+            if ranks and all("stats_awake" in r["data"] for r in ranks):
+                return
+        assert proc.poll() is None, "the rehearsal ended before the ranks were held"
+        time.sleep(0.05)
+    pytest.fail(f"the second step's ranks did not report within {limit:g} s: {data}")
 
 
 def test_ranks_past_their_deadline_are_killed_with_their_groups(tmp_path: Path) -> None:
@@ -376,6 +416,7 @@ def test_ranks_past_their_deadline_are_killed_with_their_groups(tmp_path: Path) 
     assert run["deadline_s"] <= run["wall_s"] <= run["deadline_s"] + 4
     assert run["stopped_ranks"] == [0, 1]
     assert "stopped at its deadline" in step["reason"], step["reason"]
+    assert len(run["ranks"]) == 2
     for rank in run["ranks"]:
         assert rank["data"]["stats_awake"], rank  # what it said before it hung is kept
     assert run["leftover_groups"] == []
