@@ -439,14 +439,16 @@ def _alive(pid: int) -> bool:
 def test_the_budget_starts_only_steps_that_fit(tmp_path: Path) -> None:
     """``--budget 56``: after the preflight, a step starts only if its worst case fits in what
     is left of the budget when its turn comes; every other step is skipped saying so, and
-    nothing is started for it. Of the plan, only ``wrapper_checks`` (48 s) fits here."""
+    nothing is started for it. ``wrapper_checks`` (48 s) fits, ``nccl_suspend`` (91 s) does
+    not; what else fits depends on what this torch can run (on 2.11 the probes shrink to one
+    run)."""
     budget = 56.0
     code, data, output = _smoke(tmp_path / "budget", "--rehearse", "--budget", str(budget))
     assert schema_problems(data) == [], output[-2000:]
     assert code == 0, output[-2000:]
     assert data["steps"][0]["status"] == "ok"
     needs = {"package_suspend": _torch_can("suspend"), "native_nccl2": _torch_can("reconfigure")}
-    ran = []
+    ran, over = [], []
     for step in data["steps"][1:]:
         fits = step["started_s"] + step["worst_case_s"] <= budget
         if step["status"] == "ok":
@@ -457,7 +459,9 @@ def test_the_budget_starts_only_steps_that_fit(tmp_path: Path) -> None:
             assert not fits, step
             assert step["reason"].startswith("skipped: budget: needs up to "), step["reason"]
             assert step["runs"] == []
-    assert ran == ["wrapper_checks"], [(s["name"], s["reason"]) for s in data["steps"]]
+            over.append(step["name"])
+    assert "wrapper_checks" in ran, [(s["name"], s["reason"]) for s in data["steps"]]
+    assert "nccl_suspend" in over, [(s["name"], s["reason"]) for s in data["steps"]]
 
 
 def test_without_a_gpu_it_says_so_in_json_and_exits_2(tmp_path: Path) -> None:
