@@ -283,7 +283,9 @@ def _register_opaque_members() -> None:
     if register is not None:
         register()  # torch's own, done lazily: ProcessGroup's members first
     info = opaque_object.get_opaque_obj_info(ReloadableProcessGroup)
-    members = dict(info.members) if info is not None else {}
+    if info is None:  # torch 2.11: ProcessGroup is no opaque type, so Dynamo reads no list
+        return
+    members = dict(info.members)
     members["group"] = opaque_object.MemberType.USE_REAL
     members["_fast"] = opaque_object.MemberType.USE_REAL
     members["_native"] = opaque_object.MemberType.USE_REAL
