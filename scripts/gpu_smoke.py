@@ -27,7 +27,7 @@ data on its first run there:
   to at most 8 minutes (``--plan``); ``--budget`` stops starting steps that might not fit.
 - The rank programs live in ``gpu_smoke_ranks.py`` beside this file; each rank runs it.
 - ``--rehearse`` runs the same steps on CPU, with gloo and the suspendable stand-in of
-  ``tests/suspendable.py`` in NCCL's place, under the same deadlines and into the same JSON
+  ``tests/support/suspendable.py`` in NCCL's place, under the same deadlines and into the same JSON
   schema: CI runs it so that this script cannot rot between GPU draws.
 
 Exit status: 0 every check held, 1 a check failed (``failures`` says which), 2 no CUDA device

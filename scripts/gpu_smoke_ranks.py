@@ -100,14 +100,13 @@ def _orphan_guard(parent: int, deadline: float) -> None:
 
 
 def _stand_in() -> Any:
-    """``tests/suspendable.py`` (NCCL's suspend protocol on gloo), loaded by its path."""
+    """``tests/support/suspendable.py`` (NCCL's suspend protocol on gloo), loaded by its path."""
     name = "gpu_smoke_suspendable"
     if name in sys.modules:
         return sys.modules[name]
-    found = [ROOT / "tests" / "suspendable.py", *sorted(ROOT.glob("tests/**/suspendable.py"))]
-    path = next((p for p in found if p.is_file()), None)
-    if path is None:
-        raise FileNotFoundError(f"no tests/suspendable.py under {ROOT}: the rehearsal needs it")
+    path = ROOT / "tests" / "support" / "suspendable.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path}: the rehearsal needs the repository's stand-in")
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
