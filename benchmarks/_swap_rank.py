@@ -25,7 +25,7 @@ def main() -> int:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     import reloadpg_autopatch
-    from reloadpg_autopatch.groups import world
+    from reloadpg_autopatch.groups.world import swap as world
 
     reloadpg_autopatch.monkey_patch_torch_dist()
     launch.init_rank(args, timeout=120)

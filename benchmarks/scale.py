@@ -170,7 +170,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
     port, world_size, ranks, reps, variant = job
     import torch.distributed as dist
 
-    from reloadpg_autopatch.groups import rendezvous
+    from reloadpg_autopatch.groups import agreement, rendezvous
 
     timeout = datetime.timedelta(seconds=600)
 
@@ -209,7 +209,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                         rank,
                         world_size,
                         answers_payload,
-                        merge=rendezvous.merge_name_sets,
+                        merge=agreement.merge_name_sets,
                         timeout=600,
                         step="destroy: agreement",
                         previous=previous,
@@ -221,7 +221,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                         rank,
                         world_size,
                         payload,
-                        merge=rendezvous.merge_name_sets,
+                        merge=agreement.merge_name_sets,
                         timeout=600,
                         step="reload: agreement",
                         previous=rendezvous.done_key(destroy),

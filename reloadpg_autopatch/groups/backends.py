@@ -1,4 +1,5 @@
-"""Which backends hold accelerator memory, as the installed torch registers them.
+"""What the installed torch says of a group's backends: which hold accelerator memory, and the
+timeout a group runs with.
 
 ``Backend.backend_capability`` maps each backend to the device types it serves: ``gloo``, ``ucc``
 and ``mpi`` list ``cpu`` and ``cuda``, ``nccl`` only ``cuda``, ``xccl`` only ``xpu``, and a
@@ -10,9 +11,11 @@ no list of names to keep up to date.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 
 def component_names(backend: object) -> tuple[str, ...]:
@@ -44,3 +47,17 @@ def device_backends(group: Any) -> Iterator[tuple[Any, Any]]:
         except RuntimeError:  # torch has no backend for that device (yet, or any more)
             continue
         yield device, backend
+
+
+def group_timeout(group: Any) -> timedelta | None:
+    """The timeout a native group runs with now (``set_timeout`` included), if torch says."""
+    for _device, backend in device_backends(group):
+        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
+
+
+def timeout_or_default(group: Any, backend: str) -> timedelta:
+    """The group's timeout, or torch's default for its backend when torch does not say."""
+    return group_timeout(group) or c10d._get_default_timeout(backend)

@@ -9,43 +9,40 @@ object, which reload reconfigures in place.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .._originals import destroy_native, original
-from . import guard, mode, names, policy, process, registry, suspended, world
+from .._originals import destroy_native
+from . import guard, mode, names, policy, process, registry, ways
 from .record import State
-from .reloadable import ReloadableProcessGroup
+from .recreation import new_group_signature
+from .stepping import threaded_world
+from .ways.suspend import capability, leave_awake
+from .ways.wrapper import WRAPPER, ReloadableProcessGroup
+from .world.end import check_world
+from .world.registration import destroys_every_group, needs_swap
 
 logger = logging.getLogger("reloadpg_autopatch")
 
 _Native = dist.ProcessGroup
 
 
-@functools.cache
-def new_group_signature() -> inspect.Signature:
-    """torch's own ``new_group`` signature, which every recorded creation is bound to."""
-    return inspect.signature(original("new_group"))
-
-
 def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Create a group with ``create_native`` (torch's ``new_group``); record and wrap it."""
     holder = process.current()
-    if world.threaded_world():
+    if threaded_world():
         return create_native(*args, **kwargs)  # ranks are threads: see threaded_world()
     with holder.lock:
-        world.check_world(holder)
+        check_world(holder)
     try:
         arguments = new_group_signature().bind(*args, **kwargs).arguments
     except TypeError:
         return create_native(*args, **kwargs)  # raises torch's own error
     wrap = dist.is_initialized() and policy.should_wrap(
-        arguments.get("ranks"), arguments.get("backend"), world.destroys_every_group()
+        arguments.get("ranks"), arguments.get("backend"), destroys_every_group()
     )
     # The policy reads backend names; suspend reads torch's answers. In suspend and auto modes
     # a group the name-based rule leaves alone is asked once it exists, and taken if it can
@@ -58,28 +55,26 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     # threads of this process (a threaded world) or need this process to go on.
     def taken() -> set[str]:  # asked only for a hashed (local-sync) name
         with holder.lock:
-            return {record.name for record in holder.records}
+            return {record.name for record in registry.records()}
 
     with names.observing(taken) as seen:
         native = create_native(*args, **kwargs)
     with holder.lock:
-        if holder.known_world is None:
-            holder.known_world = c10d._world.default_pg
+        registry.belong_to(c10d._world.default_pg)
     if type(native) is _Native:
-        if ask and not suspended.capability(native).suspends:
+        if ask and not capability(native).suspends:
             # The rule's answer stands: it stays torch's, ours to leave alone (and named at
             # the destroy's agreement, in case a peer's answer differs).
-            return _left_awake(holder, native)
+            return leave_awake(native)
         try:
-            way = mode.way_for(native, world_swaps=world.needs_swap())
+            way = ways.choose(native, world_swaps=needs_swap())
         except RuntimeError:  # refused by the mode (or torch would not say): nothing leaks
             destroy_native(native)
             raise
         if way is None:
-            return _left_awake(holder, native)  # a CPU group in suspend mode: it stays awake
-        record = registry.add(args, kwargs, str(native.group_name), State.LIVE)
+            return leave_awake(native)  # a CPU group in suspend mode: it stays awake
+        record = registry.add(args, kwargs, str(native.group_name), State.LIVE, way)
         record.native = native
-        record.way = way
         if way.torch_object:
             mode.copy_as_handle()
             return native
@@ -88,14 +83,7 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             guard.arm(wrapper)  # slime's behaviour checks from the first collective on
         return wrapper
     if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None and not ask:
-        registry.add(args, kwargs, seen.last, State.NON_MEMBER)
+        registry.add(args, kwargs, seen.last, State.NON_MEMBER, WRAPPER)
     elif native is not None and not isinstance(native, int):
         logger.debug("leaving %s native: new_group returned a custom class", type(native))
-    return native
-
-
-def _left_awake(holder: process.ProcessState, native: Any) -> Any:
-    """Remember a group this rank leaves awake while a peer may suspend it."""
-    with holder.lock:
-        holder.left_awake.add(str(native.group_name))
     return native

@@ -1,21 +1,23 @@
 """What destroy and reload do with each record: pure functions from facts to one step.
 
-The facts are what a rank knows about a record (its state, how it sleeps, whether the program
-still holds it) and, for a reload, what every rank agreed on through the store (who still
-holds the group, who reloads it in place, who released it). ``destroy_step`` and
-``reload_step`` look at nothing else, so they can be tested over every combination of their
-inputs in one process; ``destroy`` and ``reload`` execute each step through a table.
+The facts are what a rank knows about a record (its state, its way, whether the program still
+holds it) and, for a reload, what every rank agreed on through the store (who still holds the
+group, who reloads it in place, who released it). ``destroy_step`` and ``reload_step`` ask the
+record's way (``ways.base.Way``), which looks at nothing else, so each can be tested over every
+combination of its inputs in one process; ``destroy`` and ``reload`` have each step carried out
+by the record's way, through a table. This module holds the vocabulary: the facts, the steps,
+and the verdict of the ranks' answers about a group that sleeps by suspend.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from .record import State, Way
+from .record import State
 
 
-class Sleep(enum.Enum):
+class Verdict(enum.Enum):
     """What the ranks agreed a suspend-mode group does at this destroy."""
 
     #: Every member's communicator answered: suspend it, and guard the group.
@@ -40,29 +42,31 @@ class Reports(NamedTuple):
     released: bool
 
 
-def sleep_verdict(reports: Reports) -> Sleep:
+def sleep_verdict(reports: Reports) -> Verdict:
     """One group's verdict from every member's answer: the same on every rank."""
     if reports.released:
-        return Sleep.RESIDENT
+        return Verdict.RESIDENT
     if reports.unsupported or (reports.ok and reports.uninitialized):
-        return Sleep.FALLBACK
+        return Verdict.FALLBACK
     if reports.uninitialized:
-        return Sleep.GUARD
+        return Verdict.GUARD
     if reports.ok:
-        return Sleep.SUSPEND
-    return Sleep.FALLBACK  # nobody answered: a group no member holds any more
+        return Verdict.SUSPEND
+    return Verdict.FALLBACK  # nobody answered: a group no member holds any more
 
 
 class DestroyFacts(NamedTuple):
     """What ``destroy_process_groups()`` knows about one record on this rank."""
 
     state: State
-    way: Way
+    #: The record's way (``ways.base.Way``).
+    way: Any
     #: The program dropped the wrapper (only a wrapper can be dropped: torch holds in-place
     #: groups in its maps).
     abandoned: bool
-    #: For a group that sleeps by suspend: what the ranks agreed (None: another way).
-    verdict: Sleep | None = None
+    #: For a group that sleeps by suspend: what the ranks agreed (None: another way, or made
+    #: while asleep, when nobody was asked).
+    verdict: Verdict | None = None
 
 
 class DestroyStep(enum.Enum):
@@ -86,30 +90,15 @@ class DestroyStep(enum.Enum):
 
 def destroy_step(facts: DestroyFacts) -> DestroyStep:
     """The step for one record, from its facts (and, in suspend mode, the verdict) alone."""
-    abandoned = facts.abandoned and not facts.way.torch_object
-    if abandoned and facts.state in (State.LIVE, State.DESTROYED):
-        return DestroyStep.RELEASE_ABANDONED
-    if facts.state is not State.LIVE:
-        return DestroyStep.NOTHING
-    if facts.way.suspends:
-        verdict = facts.verdict if facts.verdict is not None else Sleep.FALLBACK
-        if verdict is Sleep.SUSPEND:
-            return DestroyStep.SUSPEND
-        if verdict is Sleep.GUARD:
-            return DestroyStep.GUARD
-        if verdict is Sleep.FALLBACK and facts.way is Way.SUSPEND_WRAPPED:
-            return DestroyStep.FREE_WRAPPED
-        return DestroyStep.KEEP_RESIDENT
-    if facts.way is Way.IN_PLACE:
-        return DestroyStep.FREE_IN_PLACE
-    return DestroyStep.FREE_WRAPPED
+    return facts.way.destroy_step(facts)
 
 
 class ReloadFacts(NamedTuple):
     """What ``reload_process_groups()`` knows about one record, and what the ranks agreed."""
 
     state: State
-    way: Way
+    #: The record's way (``ways.base.Way``).
+    way: Any
     #: The program released it while it slept suspended (``destroy_process_group(g)``).
     release_pending: bool
     #: Some rank still holds the group (the union of every rank's held groups).
@@ -155,28 +144,4 @@ class ReloadStep(enum.Enum):
 
 def reload_step(facts: ReloadFacts) -> ReloadStep:
     """The step for one record, from its facts and the agreement alone."""
-    state, in_place = facts.state, facts.way is Way.IN_PLACE
-    if state in (State.ENDED, State.BROKEN):
-        return ReloadStep.NOTHING
-    if state is State.SUSPENDED:
-        return ReloadStep.RESUME_THEN_RELEASE if facts.release_pending else ReloadStep.RESUME
-    if state in (State.RELEASED, State.NON_MEMBER):
-        if not facts.needed:
-            return ReloadStep.FORGET
-        if in_place:  # only a member reloads in place: it released the group here
-            return ReloadStep.REFUSE_RELEASED_HERE
-        if facts.peers_in_place and (state is State.NON_MEMBER or facts.way.suspends):
-            return ReloadStep.LEAVE_TO_MEMBERS
-        return ReloadStep.TAKE_PART
-    if state is State.LIVE:
-        if not facts.world_restored:
-            return ReloadStep.NOTHING
-        return ReloadStep.REFUSE_TORN_DOWN if in_place else ReloadStep.RECREATE_AFTER_RESTORE
-    # DESTROYED
-    if in_place:
-        if facts.world_restored:
-            return ReloadStep.REFUSE_TORN_DOWN
-        if facts.released_by_a_member:
-            return ReloadStep.REFUSE_RELEASED_BY_A_MEMBER
-        return ReloadStep.REBUILD_IN_PLACE
-    return ReloadStep.RECREATE
+    return facts.way.reload_step(facts)

@@ -47,13 +47,11 @@ def set_memory_guard(min_free_gb: float = DEFAULT_MIN_FREE_GB, *, every_call: bo
 
 
 def _arm_live_groups() -> None:
-    """Every call is checked from now on: arm the live reloadable groups (and WORLD's)."""
-    holder = process.current()
-    for record in holder.records:
+    """Every call is checked from now on: arm the live reloadable groups (WORLD's stand-in
+    among them: WORLD is the first record)."""
+    for record in process.current().records.all:
         if record.state is State.LIVE:
             arm(record.wrapper)
-    if holder.world is not None:
-        arm(holder.world.stand_in)
 
 
 def arm(wrapper: Any) -> None:

@@ -1,9 +1,11 @@
 """The lifecycle of reloadable groups, in one place to start reading: the public steps.
 
-A group is created (``creation``), destroyed and reloaded with every other one in a cycle
-(``destroy``, ``reload``: each record's step comes from ``decisions``), and released for good
-by the program (``release``) or with its world (``world.end_world``). This process's state is
-one holder (``process``), and the program's choices one object (``settings``).
+A group is created (``creation``) with a way chosen once (``ways.choose``), destroyed and
+reloaded with every other one in a cycle (``destroy``, ``reload``: thin drivers that ask each
+record's way for its step and have the way carry it out), and released for good by the program
+(``release``) or with its world (``world.end``). WORLD, once registered (``world.registration``),
+is the first record. This process's state is one holder in parts (``process``), and the
+program's choices one object (``settings``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from .creation import create
 from .destroy import destroy_process_groups
 from .record import State
 from .release import release
-from .reload import reload_process_groups, wake_before_world_ends
+from .reload import reload_process_groups
 from .report import CycleReport
+from .stepping import threaded_world
 from .unwrap import unwrap
-from .world import end_world, native_world, threaded_world
+from .world.end import end_world, wake_before_world_ends
+from .world.swap import native_world
 
 __all__ = [
     "create",
@@ -43,7 +47,8 @@ def reloadable_groups() -> list[Any]:
     out = []
     for record in registry.members():
         held = record.held
-        if held is not None and record.state in (State.LIVE, State.DESTROYED):
+        live = record.state in (State.LIVE, State.DESTROYED)
+        if record.way.program_group and held is not None and live:
             out.append(held)
     return out
 

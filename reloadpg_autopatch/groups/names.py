@@ -106,11 +106,12 @@ def keys_under(prefix: str) -> Iterator[None]:
     if default is None:
         raise RuntimeError("no default group: torch.distributed is not initialized")
     backend, store = world.pg_map[default]
-    world.pg_map[default] = (backend, dist.PrefixStore(prefix, store))
+    prefixed = (backend, dist.PrefixStore(prefix, store))
+    world.pg_map[default] = prefixed
     try:
         yield
     finally:
-        if world.default_pg is default and default in world.pg_map:
+        if world.pg_map.get(default) is prefixed:  # not torn down (a new world) in the block
             world.pg_map[default] = (backend, store)
 
 

@@ -2,97 +2,57 @@
 
 Every store step of a cycle involves every rank of WORLD, through the store WORLD was created
 with (it outlives every communicator, WORLD's own included), and waits at most WORLD's timeout.
-With WORLD registered (``register_default_process_group``) those come from the registration,
-which keeps them across WORLD's swap; otherwise from torch's default group. Both the WORLD swap
-(``world``) and the in-place rebuild (``inplace``) sit above this module.
+With WORLD registered (``register_default_process_group``) those come from the registration
+(``world.registration``), which keeps them across WORLD's swap; otherwise from torch's default
+group. This module alone writes the holder's ``rounds``: each round's fresh token and the key
+of its result, which the next round deletes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
-
 from . import process, rendezvous
-from .backends import device_backends
 
 
-@dataclass
-class Registration:
-    """What is needed to rebuild WORLD exactly as it was."""
-
-    backend: str
-    timeout: timedelta
-    store: Any
-    rank: int
-    world_size: int
-    device_id: Any
-    pg_options: Any
-    swap: bool
-    temporary_backend: str
-    #: WORLD is reconfigured in place on reload (native mode), never swapped.
-    in_place: bool = False
-    #: WORLD's communicator is suspended in place (suspend mode): no swap, and ``record``
-    #: stands for WORLD in destroy and reload (behind ``stand_in`` on torch 2.13).
-    suspend: bool = False
-    record: Any = None
-    swapped: bool = False
-    #: When WORLD is swapped: what WORLD's name resolves to, across every swap. Whatever
-    #: resolved the name (a DeviceMesh dimension, FSDP2) holds this, not a WORLD that goes.
-    stand_in: Any = None
-    #: What the program asked for (``timeout`` given or None, ``accelerator_backends``
-    #: normalised, ``temporary_backend``): a second registration must ask the same.
-    asked: tuple[Any, ...] = ()
-
-
-def group_timeout(group: Any) -> timedelta | None:
-    """The timeout a native group runs with now (``set_timeout`` included), if torch says."""
-    for _device, backend in device_backends(group):
-        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
-        if isinstance(timeout, timedelta):
-            return timeout
-    return None
-
-
-def timeout_or_default(group: Any, backend: str) -> timedelta:
-    """The group's timeout, or torch's default for its backend when torch does not say."""
-    return group_timeout(group) or c10d._get_default_timeout(backend)
-
-
-def registration() -> Registration | None:
-    """This process's registration, if WORLD is registered."""
-    return process.current().world
+def registration() -> Any:
+    """This process's registration (``world.registration.Registration``), if WORLD is
+    registered."""
+    return process.current().world.registration
 
 
 def is_registered() -> bool:
     """Whether WORLD takes part in destroy/reload in this process."""
-    return process.current().world is not None
+    return registration() is not None
+
+
+def token() -> str:
+    """The fresh token of this step's last store round, the same on every rank."""
+    return process.current().rounds.token
+
+
+def _source() -> Any:
+    """WORLD's registration, which keeps these across WORLD's swap; else torch's answers."""
+    return process.current().world.facts
 
 
 def base_store() -> Any:
     """The store every rank shares for the life of this world (it outlives WORLD itself)."""
-    world = registration()
-    return world.store if world is not None else c10d._get_default_store()
+    return _source().store
 
 
 def world_timeout() -> timedelta:
-    world = registration()
-    if world is not None:
-        return world.timeout
-    return timeout_or_default(c10d._get_default_group(), str(c10d.get_backend()))
+    """What every store wait of a step is bounded by."""
+    return _source().timeout
 
 
 def global_rank() -> int:
-    world = registration()
-    return world.rank if world is not None else dist.get_rank()
+    return _source().rank
 
 
 def world_size() -> int:
-    world = registration()
-    return world.world_size if world is not None else dist.get_world_size()
+    return _source().world_size
 
 
 def where(step: str) -> str:
@@ -105,7 +65,7 @@ def sync(step: str, point: str, *, token: bool = False) -> None:
 
     Ranks may arrive up to WORLD's timeout apart; three store operations per rank
     (``rendezvous.sync``). A missing rank is named in the error, after WORLD's timeout.
-    ``token``: every rank also reads the step's fresh token (``ProcessState.token``).
+    ``token``: every rank also reads the step's fresh token (``token()``).
     """
     holder = process.current()
     key = holder.key(step, "sync", point)
@@ -121,17 +81,17 @@ def sync(step: str, point: str, *, token: bool = False) -> None:
         token=token,
     )
     if fresh is not None:
-        holder.token = fresh
+        holder.rounds.token = fresh
 
 
 def agree(step: str, point: str, payload: bytes, merge: Any) -> bytes:
     """Every rank's ``payload`` merged by the last to arrive; every rank reads the one result.
 
-    It also gives every rank the step's fresh token (``ProcessState.token``).
+    It also gives every rank the step's fresh token (``token()``).
     """
     holder = process.current()
     key = holder.key(step, point)
-    holder.token, merged = rendezvous.agree(
+    holder.rounds.token, merged = rendezvous.agree(
         base_store(),
         key,
         global_rank(),
@@ -154,14 +114,14 @@ def _round_done(holder: process.ProcessState, key: str) -> str | None:
     rounds in the same order, so the last arriver of a round may delete its predecessor's:
     the store holds at most one result key of ours at a time, whatever the number of cycles.
     """
-    last = holder.last_round
-    holder.last_round = (base_store(), rendezvous.done_key(key))
+    last = holder.rounds.last
+    holder.rounds.last = (base_store(), rendezvous.done_key(key))
     return last[1] if last is not None else None
 
 
 def tidy() -> None:
     """The world ends: delete the last round's result, so a store used again starts clean."""
-    holder = process.current()
-    last, holder.last_round = holder.last_round, None
+    rounds = process.current().rounds
+    last, rounds.last = rounds.last, None
     if last is not None:
         rendezvous.tidy(*last)

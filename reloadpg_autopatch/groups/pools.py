@@ -8,9 +8,9 @@ class with ``register_mem_pool`` is seen, the class's ``register_mem_pool`` and
 registered on the new backend. Backends that were not handed out by a reloadable group behave
 exactly as before.
 
-What this process handed out and registered again is per process (``process.ProcessState``:
-``handed``, ``replayed``); what a class was taught is kept on the class itself, so a forked
-child, whose classes are the parent's, never teaches one twice.
+What this process handed out and registered again is per process (``process.ProcessState``'s
+``pools``, which this module alone writes); what a class was taught is kept on the class
+itself, so a forked child, whose classes are the parent's, never teaches one twice.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def track(backend: Any, record: Record, device: Any) -> None:
         return
     holder = process.current()
     with holder.lock:
-        handed = holder.handed
+        handed = holder.pools.handed
         if len(handed) > 1024:  # backends of destroyed incarnations: drop the dead ones
             for key in [k for k, v in handed.items() if v[1].native is None]:
                 del handed[key]
@@ -50,7 +50,7 @@ def track(backend: Any, record: Record, device: Any) -> None:
 
 
 def _owner(backend: Any) -> tuple[Record, Any] | None:
-    entry = process.current().handed.get(id(backend))
+    entry = process.current().pools.handed.get(id(backend))
     if entry is None or entry[0] is not backend:
         return None
     return entry[1], entry[2]
@@ -71,7 +71,7 @@ def _teach(cls: type) -> None:
     setattr(cls, ORIGINALS, (register, deregister))
 
     def register_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
-        again = process.current().replayed.get((id(self), id(pool)))
+        again = process.current().pools.replayed.get((id(self), id(pool)))
         if again is not None and again[0] is self and again[1] is pool:
             # Reload registered it again already; a framework's own hook doing the same
             # afterwards must not register it twice.
@@ -90,7 +90,7 @@ def _teach(cls: type) -> None:
 
     def deregister_mem_pool(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
         result = deregister(self, pool, *args, **kwargs)
-        process.current().replayed.pop((id(self), id(pool)), None)
+        process.current().pools.replayed.pop((id(self), id(pool)), None)
         owner = _owner(self)
         if owner is not None:
             replays = owner[0].replays
@@ -103,7 +103,7 @@ def _teach(cls: type) -> None:
 
 def begin_reload() -> None:
     """Forget the previous reload's registrations (held until now so that ids stay unique)."""
-    process.current().replayed.clear()
+    process.current().pools.replayed.clear()
 
 
 def _kept(record: Record) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
@@ -141,4 +141,4 @@ def replay(native: Any, entry: tuple[str, tuple[Any, ...], dict[str, Any]], labe
     except Exception as error:
         logger.warning("could not register memory pool %r on %s again: %s", pool, label, error)
         return
-    process.current().replayed[(id(backend), id(pool))] = (backend, pool)
+    process.current().pools.replayed[(id(backend), id(pool))] = (backend, pool)

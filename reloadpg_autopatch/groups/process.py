@@ -1,17 +1,28 @@
-"""The one holder of this process's lifecycle state, with its phase; replaced in a forked child.
+"""The one holder of this process's lifecycle state, in parts, each written by one module.
 
-Everything the lifecycle knows about this process lives in one ``ProcessState``: the records in
-creation order and the index that finds them, WORLD's registration, the phase of the cycle
-(awake, destroying, asleep, reloading) and its number, the last cycle report, and the memory
-pools handed out. ``PHASES`` lists every phase change allowed and ``ProcessState.move`` refuses
-the others, as ``Record.move`` does for a record.
+Everything the lifecycle knows about this process lives in one ``ProcessState``, split by who
+writes it, so a reader knows where each value changes:
 
-A forked child inherits the parent's memory but never its groups (their communicators belong to
-the parent), so ``_reset_in_child`` gives it a fresh holder with a fresh lock: that one function
-is the whole fork reset (the program's choices, in ``settings``, survive it). The parent's holder
-is kept alive in the child, never used and never freed: dropping it would run torch destructors
-(gloo joins threads that exist only in the parent) on communicators that belong to the parent,
-and crash the child.
+- the cycle and its phase (``phase``, ``cycle``, ``attempt``, the step running, the last
+  report, why a world was lost): the holder's own fields, written by ``stepping``;
+- ``world``: WORLD's registration, the parent's WORLD in a forked child, the lazy-gloo switch:
+  written by the ``world`` package;
+- ``records``: every recorded creation in creation order, the index that finds them, and the
+  default group they belong to: written by ``registry``;
+- ``rounds``: the token and the result key of the last world-wide store round: written by
+  ``participants``;
+- ``pools``: the backends a reloadable group handed out and the pools registered again:
+  written by ``pools``;
+- ``left_awake``: groups this rank left awake while a peer may suspend them: written by the
+  suspend way.
+
+``PHASES`` lists every phase change allowed and ``ProcessState.move`` refuses the others, as
+``Record.move`` does for a record. A forked child inherits the parent's memory but never its
+groups (their communicators belong to the parent), so ``_reset_in_child`` gives it a fresh
+holder with a fresh lock: that one function is the whole fork reset (the program's choices, in
+``settings``, survive it). The parent's holder is kept alive in the child, never used and never
+freed: dropping it would run torch destructors (gloo joins threads that exist only in the
+parent) on communicators that belong to the parent, and crash the child.
 
 Store keys come from what every rank of a world agrees on (the cycle number, counted from 1 in
 each world, and the step), never from what this process did before it joined the world: a
@@ -23,6 +34,7 @@ from __future__ import annotations
 import enum
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TransitionError
@@ -56,35 +68,103 @@ PHASES: dict[Phase, frozenset[Phase]] = {
 }
 
 
+class TorchDefault:
+    """Where an unregistered world's steps take their store, timeout and ranks: torch's default
+    group, now (a registration keeps them across WORLD's swap instead)."""
+
+    @property
+    def store(self) -> Any:
+        from torch.distributed import distributed_c10d as c10d
+
+        return c10d._get_default_store()
+
+    @property
+    def timeout(self) -> Any:
+        from torch.distributed import distributed_c10d as c10d
+
+        from .backends import timeout_or_default
+
+        return timeout_or_default(c10d._get_default_group(), str(c10d.get_backend()))
+
+    @property
+    def rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size()
+
+
+@dataclass
+class World:
+    """WORLD as this process knows it; written by the ``world`` package."""
+
+    #: WORLD's registration (``world.registration.Registration``), if any.
+    registration: Any = None
+    #: What every step reads its store, timeout and ranks from: the registration, else torch.
+    facts: Any = field(default_factory=TorchDefault)
+    #: In a forked child: the parent's WORLD, which this process must never take part in.
+    #: While it is still the default group, destroy and reload have nothing to do here.
+    parents: Any = None
+    #: ``TORCH_GLOO_LAZY_INIT`` while a lazy creation runs: depth and the saved value.
+    lazy_depth: int = 0
+    lazy_saved: str | None = None
+
+
+@dataclass
+class Records:
+    """Every recorded creation still of use, in creation order; written by ``registry``."""
+
+    all: list[Record] = field(default_factory=list)
+    #: The default group the records belong to; another one means a new world.
+    world: Any = None
+    #: ``id(native) -> record``, and the ``changes`` it was built at.
+    index: dict[int, Record] = field(default_factory=dict)
+    index_at: int = -1
+    #: Bumped whenever a record is added or pruned.
+    changes: int = 0
+
+
+@dataclass
+class Rounds:
+    """The world-wide store rounds; written by ``participants``."""
+
+    #: The fresh token of this step's store round, the same on every rank: what torch creates
+    #: in the step (groups, a WORLD) rendezvous under it, so no key an earlier world left in
+    #: the same store is ever read.
+    token: str = ""
+    #: The store and result key of the last world-wide store round.
+    last: tuple[Any, str] | None = None
+
+
+@dataclass
+class Pools:
+    """Memory pools; written by ``pools``.
+
+    ``handed``: ``id(backend) -> (backend, record, device)`` for the backends a reloadable
+    group handed out; ``replayed``: ``(id(backend), id(pool)) -> (backend, pool)`` registered
+    again by the reload running now.
+    """
+
+    handed: dict[int, tuple[Any, Record, Any]] = field(default_factory=dict)
+    replayed: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
+
+
 class ProcessState:
     """This process's groups, its place in the cycle, and what the cycle keeps per process."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        #: Every recorded creation still of use, in creation order.
-        self.records: list[Record] = []
-        #: ``id(native) -> record``, and the ``changes`` it was built at (``registry``).
-        self.index: dict[int, Record] = {}
-        self.index_at = -1
-        #: Bumped whenever a record is added or pruned.
-        self.changes = 0
-        #: WORLD's registration (``participants.Registration``), if any.
-        self.world: Any = None
-        #: The default group the records belong to; another one means a new world.
-        self.known_world: Any = None
+        # ---- the cycle and its phase: written by ``stepping`` ----
         self.phase = Phase.AWAKE
         #: Cycles begun in this world: the one running or the last one (0: none yet).
         self.cycle = 0
         #: Reload attempts begun in this cycle (a refused reload can be called again).
         self.attempt = 0
-        #: The fresh token of this step's store round, the same on every rank: what torch
-        #: creates in the step (groups, a WORLD) rendezvous under it, so no key an earlier
-        #: world left in the same store is ever read.
-        self.token = ""
-        #: The store and result key of the last world-wide store round (``participants``).
-        self.last_round: tuple[Any, str] | None = None
-        #: Worlds this process has ended, for the cycle report's ``world`` (never for keys).
-        self.worlds_ended = 0
         #: The step running now in this process, and the thread running it.
         self.step: str | None = None
         self.step_thread: int | None = None
@@ -92,22 +172,15 @@ class ProcessState:
         self.last_report: CycleReport | None = None
         #: Why the last world was lost half-way through a step, for the next step's error.
         self.lost: str | None = None
-        #: Outer ``new_group`` layers we stepped back for (warned once each).
-        self.outer_layers: set[str] = set()
-        #: In a forked child: the parent's WORLD, which this process must never take part in.
-        #: While it is still the default group, destroy and reload have nothing to do here.
-        self.parents_world: Any = None
-        #: Memory pools: ``id(backend) -> (backend, record, device)`` for the backends a
-        #: reloadable group handed out, and ``(id(backend), id(pool)) -> (backend, pool)``
-        #: registered again by the reload running now (``pools``).
-        self.handed: dict[int, tuple[Any, Record, Any]] = {}
-        self.replayed: dict[tuple[int, int], tuple[Any, Any]] = {}
-        #: ``TORCH_GLOO_LAZY_INIT`` while a lazy creation runs: depth and the saved value.
-        self.lazy_depth = 0
-        self.lazy_saved: str | None = None
-        #: Groups asked whether they can suspend that this rank left torch's own and awake
-        #: (their backends serve the CPU, or do not support suspend): named at every destroy's
-        #: agreement, so that a peer that could suspend one never enters its barrier alone.
+        #: Worlds this process has ended, for the cycle report's ``world`` (never for keys).
+        self.worlds_ended = 0
+        # ---- the other parts, each with its own writer ----
+        self.world = World()
+        self.records = Records()
+        self.rounds = Rounds()
+        self.pools = Pools()
+        #: Groups asked whether they can suspend that this rank left torch's own and awake:
+        #: named at every destroy's agreement (the suspend way writes it).
         self.left_awake: set[str] = set()
 
     def move(self, to: Phase) -> None:
@@ -127,7 +200,7 @@ class ProcessState:
     @property
     def in_parents_world(self) -> bool:
         """Whether this is a forked child still inside its parent's WORLD (it holds no group)."""
-        parents = self.parents_world
+        parents = self.world.parents
         if parents is None:
             return False
         from torch.distributed import distributed_c10d as c10d
@@ -145,16 +218,6 @@ class ProcessState:
         n = 0 if step == "destroy" else self.attempt
         tail = "/".join(str(p) for p in parts)
         return f"reloadpg_autopatch/{self.cycle}/{n}/{tail}"
-
-    def begin_world(self) -> None:
-        """The world ended: its records are gone and the next world counts cycles from 1."""
-        self.phase = Phase.AWAKE
-        self.cycle = 0
-        self.attempt = 0
-        self.worlds_ended += 1
-        self.world = None
-        self.known_world = None
-        self.left_awake = set()
 
 
 _STATE: ProcessState | None = None
@@ -185,7 +248,7 @@ def _reset_in_child() -> None:
     if inherited is not None:
         _INHERITED.append(inherited)  # never freed here: see the module's docstring
     fresh = ProcessState()
-    fresh.parents_world = (inherited and inherited.parents_world) or _default_group()
+    fresh.world.parents = (inherited and inherited.world.parents) or _default_group()
     _STATE = fresh
 
 

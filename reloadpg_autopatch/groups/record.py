@@ -1,9 +1,10 @@
 """One recorded group creation and its life, as an explicit state machine.
 
-A record stands for one ``new_group`` call that reload may have to replay. Its state says what
-this rank holds for it; ``TRANSITIONS`` lists every move allowed, and ``Record.move`` refuses the
-others, so a lifecycle bug surfaces as an error at the step that made it, not as a wrong group
-several cycles later.
+A record stands for one ``new_group`` call that reload may have to replay (or for WORLD, when it
+is registered). Its state says what this rank holds for it; ``TRANSITIONS`` lists every move
+allowed, and ``Record.move`` refuses the others, so a lifecycle bug surfaces as an error at the
+step that made it, not as a wrong group several cycles later. How the group sleeps and wakes is
+its ``way`` (``groups/ways``), chosen once when it is created.
 """
 
 from __future__ import annotations
@@ -51,29 +52,6 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 }
 
 
-class Way(enum.Enum):
-    """How a member's group sleeps and wakes, chosen when it is created."""
-
-    #: The program holds a ``ReloadableProcessGroup``; reload serves it a new native group.
-    WRAPPER = "wrapper"
-    #: The program holds torch's own group; reload reconfigures it in place (torch 2.14).
-    IN_PLACE = "in place"
-    #: The program holds torch's own group; destroy suspends its communicator, guarded by a
-    #: pre-hook while it sleeps (torch 2.14), and reload resumes it.
-    SUSPEND = "suspend"
-    #: The same behind a wrapper, whose empty fast slot is the guard (torch 2.13: no hooks).
-    SUSPEND_WRAPPED = "suspend behind a wrapper"
-
-    @property
-    def torch_object(self) -> bool:
-        """Whether the program holds torch's own group object (no wrapper)."""
-        return self in (Way.IN_PLACE, Way.SUSPEND)
-
-    @property
-    def suspends(self) -> bool:
-        return self in (Way.SUSPEND, Way.SUSPEND_WRAPPED)
-
-
 def _copy_arg(value: Any) -> Any:
     # The caller may reuse and mutate its ranks list after creating the group.
     return list(value) if isinstance(value, list) else value
@@ -88,7 +66,6 @@ class Record:
         "args",
         "device",
         "ended_with_world",
-        "is_world",
         "kwargs",
         "name",
         "native",
@@ -102,7 +79,12 @@ class Record:
     )
 
     def __init__(
-        self, args: Sequence[Any], kwargs: dict[str, Any], name: str | None, state: State
+        self,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        name: str | None,
+        state: State,
+        way: Any = None,
     ) -> None:
         self.args = tuple(_copy_arg(a) for a in args)
         self.kwargs = {k: _copy_arg(v) for k, v in kwargs.items()}
@@ -114,11 +96,9 @@ class Record:
         #: The key of the wrapper's aliases in torch's maps while a native group serves it.
         self.alias: Any = None
         self.ended_with_world = False
-        #: How it sleeps and wakes: behind its wrapper, or in place (the program holds
-        #: ``native`` itself).
-        self.way = Way.WRAPPER
-        #: The stand-in for WORLD, which is never replayed: destroying it destroys WORLD.
-        self.is_world = False
+        #: How it sleeps and wakes (a ``ways.base.Way``): behind its wrapper, in place, by
+        #: suspend, or WORLD's own.
+        self.way = way
         #: The wrapper, held strongly once its name was handed out: torch's registry of names
         #: then resolves to it, and whoever cached the name holds the group as torch holds its
         #: own, until it is destroyed.
@@ -131,7 +111,7 @@ class Record:
         self.replays: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         #: In place: the device the memory guard checks before the rebuild (None: none).
         self.device: Any = None
-        #: While it sleeps in ``suspend`` mode: what was suspended, and how (``suspended``).
+        #: While it sleeps in ``suspend`` mode: what was suspended, and how (``ways.suspend``).
         self.sleep: Any = None
         #: ``destroy_process_group(g)`` while it slept: released once the reload resumed it.
         self.release_pending = False
@@ -156,16 +136,16 @@ class Record:
     @property
     def in_place(self) -> bool:
         """Whether reload reconfigures torch's own object (native mode)."""
-        return self.way is Way.IN_PLACE
+        return self.way is not None and self.way.in_place
 
     @property
     def member(self) -> bool:
-        return self._ref is not None or self.way.torch_object
+        return self._ref is not None or (self.way is not None and self.way.torch_object)
 
     @property
     def held(self) -> Any:
         """The group object the program holds: the wrapper, or torch's own group."""
-        return self.native if self.way.torch_object else self.wrapper
+        return self.way.held(self)
 
     def set_native(self, native: Any) -> None:
         """Point the record, and the program's wrapper if it still has one, at ``native``."""

@@ -4,30 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import binding, registry, world
+from . import registry
 from .record import State
-from .reloadable import ReloadableProcessGroup
 from .unwrap import unwrap
+from .ways.wrapper import ReloadableProcessGroup, binding
 
 
 def release(group: Any) -> bool:
     """Destroy one of our groups for good (through the wrapper or its native handle).
 
     Reload will not revive it; one that sleeps suspended is released once the next reload
-    has resumed it with its peers. Returns False when ``group`` is not one of ours (WORLD's
-    stand-in included: destroying WORLD ends the world), so the caller hands it to torch.
+    has resumed it with its peers. Returns False when ``group`` is not one of ours, or one its
+    way does not let go (WORLD's: destroying WORLD ends the world), so the caller hands it to
+    torch.
     """
     if isinstance(group, ReloadableProcessGroup):
         record = group._record
-        if record.is_world:
-            return False
     else:
         native = unwrap(group)
-        if native is None or native is world.native_world():
-            return False
-        record = registry.record_of(native)
+        record = registry.record_of(native) if native is not None else None
         if record is None:
             return False
+    if not record.way.releasable(record):
+        return False
     with registry.lock():
         if record.state is State.SUSPENDED:
             # Its communicator sleeps with its peers': they resume it together at the next

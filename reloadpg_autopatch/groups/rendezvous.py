@@ -20,7 +20,6 @@ a timeout, the ranks missing (read from the one key of entries, on that error pa
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -30,19 +29,11 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import PeerMissingError, format_ranks
+from . import entries
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-__all__ = [
-    "RendezvousError",
-    "agree",
-    "done_key",
-    "exchange",
-    "expand_name_sets",
-    "merge_name_sets",
-    "sync",
-    "tidy",
-]
+__all__ = ["RendezvousError", "agree", "done_key", "exchange", "sync", "tidy"]
 
 Payload = bytes | str
 Timeout = timedelta | float
@@ -69,45 +60,6 @@ def _bytes(payload: Payload) -> bytes:
     return payload.encode() if isinstance(payload, str) else bytes(payload)
 
 
-#: The value ``_read`` compares against: whatever a key holds, ``compare_set`` then returns it.
-_ANY = b"\x00reloadpg_autopatch: read\x00"
-
-
-def _read(store: Any, key: str) -> bytes:
-    """The value of ``key``, which exists: one round trip (``get`` waits for it again first).
-
-    ``compare_set`` returns the current value and changes it only if it equals ``_ANY``, into
-    ``_ANY``: a read, whatever the key holds.
-    """
-    return bytes(store.compare_set(key, _ANY, _ANY))
-
-
-def _entry(rank: int, payload: bytes) -> bytes:
-    return rank.to_bytes(4, "big") + len(payload).to_bytes(8, "big") + payload
-
-
-def _entries(blob: bytes) -> dict[int, bytes]:
-    """The ``_entry`` records appended to one key, by rank (a rank twice: its last one)."""
-    out, at = {}, 0
-    while at + 12 <= len(blob):
-        size = int.from_bytes(blob[at + 4 : at + 12], "big")
-        out[int.from_bytes(blob[at : at + 4], "big")] = blob[at + 12 : at + 12 + size]
-        at += 12 + size
-    return out
-
-
-def _missing(store: Any, arrived: str, done: str, world_size: int) -> list[int] | None:
-    """The ranks with no entry in ``arrived``; None when the store cannot say (it is gone)."""
-    try:
-        if store.check([arrived]):
-            present = _entries(_read(store, arrived))
-            return [rank for rank in range(world_size) if rank not in present]
-        # The entries go once the step completed: then nobody is missing; before, nobody came.
-        return [] if store.check([done]) else list(range(world_size))
-    except Exception:  # the store itself failed: the caller says so
-        return None
-
-
 def _failure(
     store: Any,
     error: BaseException,
@@ -123,7 +75,7 @@ def _failure(
     """The error to raise when a store call failed during ``step``."""
     elapsed = time.monotonic() - started
     where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
-    missing = _missing(store, f"{key}/arrived", f"{key}/done", world_size)
+    missing = entries.missing(store, f"{key}/arrived", f"{key}/done", world_size)
     if missing is None:
         message = (
             f"{where}: the store is unreachable after {elapsed:.1f} s (the rank hosting it, "
@@ -198,24 +150,24 @@ def _round(
         # One key holds every entry: the last arriver reads them in one value, and deletes
         # one key, not N. The server applies one client's requests in order, so a rank's
         # entry is in before its count.
-        store.append(arrived, _entry(rank, payload))
+        store.append(arrived, entries.entry(rank, payload))
         if store.add(count, 1) == world_size:
             fresh = _fresh_token() if token else b""
             if combine is None:
                 store.set(done, fresh or b"1")
             else:
-                entries = _entries(_read(store, arrived))
-                if len(entries) != world_size or any(r not in entries for r in range(world_size)):
+                found = entries.entries(entries.read(store, arrived))
+                if len(found) != world_size or any(r not in found for r in range(world_size)):
                     raise RuntimeError(
-                        f"{world_size} arrivals counted, entries from ranks {sorted(entries)}"
+                        f"{world_size} arrivals counted, entries from ranks {sorted(found)}"
                     )
-                store.set(done, fresh + _bytes(combine([entries[r] for r in range(world_size)])))
+                store.set(done, fresh + _bytes(combine([found[r] for r in range(world_size)])))
             # Every rank has counted in: nobody writes these again, nor reads the last result.
             tidy(store, arrived, count, *stale)
         store.wait([done], wait_for)
         if combine is None and not token:
             return None
-        result = _read(store, done)
+        result = entries.read(store, done)
         if acknowledge and store.add(f"{key}/read", 1) == world_size:
             tidy(store, done, f"{key}/read")  # every rank has read it
         return result
@@ -312,20 +264,6 @@ def agree(
     return result
 
 
-def _pack(entries: list[bytes]) -> bytes:
-    """Length-prefixed concatenation (handles are opaque bytes: no separator is safe)."""
-    return b"".join(len(e).to_bytes(8, "big") + e for e in entries)
-
-
-def _unpack(blob: bytes) -> list[bytes]:
-    out, at = [], 0
-    while at < len(blob):
-        size = int.from_bytes(blob[at : at + 8], "big")
-        out.append(blob[at + 8 : at + 8 + size])
-        at += 8 + size
-    return out
-
-
 def exchange(
     store: Any,
     key: str,
@@ -350,59 +288,11 @@ def exchange(
         rank,
         world_size,
         _bytes(payload),
-        combine=_pack,
+        combine=entries.pack,
         timeout=timeout,
         step=step,
         cycle=cycle,
         acknowledge=True,
     )
     assert blob is not None
-    return _unpack(blob)
-
-
-# ---- merging entries that list group names ---------------------------------------------
-
-
-def _runs(names: set[str]) -> dict[str, list[Any]]:
-    """``names`` with decimal ones (torch's group names are a counter) packed into runs."""
-    numbers = sorted(int(n) for n in names if n.isascii() and n.isdigit() and str(int(n)) == n)
-    runs: list[list[int]] = []
-    for number in numbers:
-        if runs and runs[-1][1] == number - 1:
-            runs[-1][1] = number
-        else:
-            runs.append([number, number])
-    packed = {str(n) for n in numbers}
-    return {"runs": runs, "names": sorted(names - packed)}
-
-
-def _names(packed: dict[str, list[Any]]) -> list[str]:
-    out = [str(n) for first, last in packed["runs"] for n in range(first, last + 1)]
-    return out + list(packed["names"])
-
-
-def merge_name_sets(entries: list[bytes]) -> bytes:
-    """Merge JSON objects field by field: a list becomes the union, a boolean the ``any``.
-
-    The union of every rank's group names is every group of the world: thousands at scale,
-    read by every rank. torch names groups with a counter, so the union is sent as runs of
-    numbers (``[[0, 17999]]``): the result every rank reads stays small as N grows.
-    """
-    sets: dict[str, set[str]] = {}
-    flags: dict[str, bool] = {}
-    for entry in entries:
-        for field, value in json.loads(entry).items():
-            if isinstance(value, bool):
-                flags[field] = flags.get(field, False) or value
-            else:
-                sets.setdefault(field, set()).update(value)
-    merged: dict[str, Any] = {field: _runs(names) for field, names in sets.items()}
-    return json.dumps(merged | flags, separators=(",", ":")).encode()
-
-
-def expand_name_sets(merged: bytes) -> dict[str, Any]:
-    """The object ``merge_name_sets`` packed: lists of names and booleans again."""
-    return {
-        field: value if isinstance(value, bool) else _names(value)
-        for field, value in json.loads(merged).items()
-    }
+    return entries.unpack(blob)

@@ -144,24 +144,5 @@ def describe(report: dict[str, Any], steps: tuple[str, ...] = ("destroy", "reloa
     return line
 
 
-def begin(holder: Any) -> CycleReport:
-    """A new report for the cycle a destroy starts, kept as ``holder``'s last one."""
-    holder.last_report = CycleReport(holder.cycle, holder.worlds_ended)
-    return holder.last_report
-
-
-def current(holder: Any) -> CycleReport:
-    """The report of the cycle a reload ends (a fresh one if its destroy was not seen)."""
-    last = holder.last_report
-    if (
-        last is None
-        or last.cycle != holder.cycle
-        or last.world != holder.worlds_ended
-        or last.reload is not None
-    ):
-        return begin(holder)
-    return last
-
-
 def log(report: CycleReport, step: str) -> None:
     logger.info(report.summary(step), extra={"reloadpg_cycle": report.to_dict()})

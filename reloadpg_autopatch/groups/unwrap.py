@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ..errors import GroupDestroyedError, ReloadPGError
 from . import memory
-from .reloadable import ReloadableProcessGroup
+from .ways.wrapper import ReloadableProcessGroup
 
 _Native = dist.ProcessGroup
 _MAX_DEPTH = 16

@@ -45,8 +45,8 @@ def _inject_failure_if_asked() -> None:
 
 
 def _build(dist: types.ModuleType) -> patchset.PatchSet:
-    from ..groups.reloadable import ReloadableProcessGroup
     from ..groups.unwrap import failed, failed_native, unwrap
+    from ..groups.ways.wrapper import ReloadableProcessGroup
     from . import classes, factories, helpers
     from .rule import class_group_params, function_group_params
     from .wrapgen import generate, is_generated

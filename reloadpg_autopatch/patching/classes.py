@@ -7,8 +7,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..groups.reloadable import ReloadableProcessGroup
 from ..groups.unwrap import unwrap
+from ..groups.ways.wrapper import ReloadableProcessGroup
 from . import patchset
 from .wrapgen import MARKER, generate
 

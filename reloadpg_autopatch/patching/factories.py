@@ -19,8 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..groups import process
-from ..groups.reloadable import ReloadableProcessGroup
+from ..groups.ways.wrapper import ReloadableProcessGroup
 from . import install, patchset
 from .wrapgen import mark
 
@@ -62,12 +61,15 @@ def _complete(reason: str) -> None:
         install.complete(reason)
 
 
+#: Outer ``new_group`` layers we stepped back for (warned once each in a process).
+_WARNED: set[str] = set()
+
+
 def _step_back(outer: Any, reason: str) -> None:
     label = _label(outer)
-    layers = process.current().outer_layers
-    if label in layers:
+    if label in _WARNED:
         return
-    layers.add(label)
+    _WARNED.add(label)
     logger.warning(
         "torch.distributed.new_group is %s, applied on top of reloadpg_autopatch, and it wraps "
         "the groups it creates (%s): reloadpg_autopatch hands it native groups and leaves "

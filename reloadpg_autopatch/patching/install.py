@@ -38,17 +38,12 @@ def apply(patch: patchset.PatchSet, names: set[str]) -> None:
 
 
 def lifecycle_only() -> bool:
-    """No group needs a wrapper: native mode on a torch that reconfigures in place, or suspend
-    mode on one whose pre-hooks guard torch's own groups (2.14). Should one need a wrapper
-    after all (WORLD swapped, an outer layer), ``complete`` installs the rest then."""
-    from ..groups import mode, suspended
+    """No group needs a wrapper: every way the mode may choose keeps torch's own object and
+    this torch can do it (``ways.lifecycle_only``). Should one need a wrapper after all (WORLD
+    swapped, an outer layer), ``complete`` installs the rest then."""
+    from ..groups import ways
 
-    chosen = mode.get_reload_mode()
-    if chosen == "native":
-        return mode.torch_can_reconfigure()
-    if chosen == "suspend":
-        return suspended.torch_can_suspend() and suspended.torch_has_pre_hooks()
-    return False
+    return ways.lifecycle_only()
 
 
 def complete(reason: str) -> None:

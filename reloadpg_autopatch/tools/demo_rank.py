@@ -219,10 +219,11 @@ def run(args: Any) -> None:
     launch.init_rank(args, backend=args.backend, timeout=args.timeout)
     import torch.distributed as dist
 
-    from ..groups import lifecycle, world
+    from ..groups import lifecycle, participants
+    from ..groups.world import registration
 
     # On gloo, treat gloo as the accelerator so that WORLD takes part in every cycle too.
-    world.register_default_process_group(accelerator_backends=(args.backend,))
+    registration.register_default_process_group(accelerator_backends=(args.backend,))
     groups = _megatron_groups(args.world_size) if use_megatron else _plain_groups(args.world_size)
     fns = _bound_functions(use_megatron)
     bindings = _bindings(use_megatron)
@@ -253,7 +254,9 @@ def run(args: Any) -> None:
         in_place = lifecycle.reloadable_groups() and all(
             type(g) is torch.distributed.ProcessGroup for g in lifecycle.reloadable_groups()
         )
-        asleep = world.registration() is not None and world.registration().suspend
+        registered = participants.registration()
+        world = registered.record if registered is not None else None
+        asleep = world is not None and world.way.suspends
         if left != 1 and not in_place and not asleep:  # torch keeps in-place/suspended groups
             raise Mismatch(f"after destroy torch still holds {left} groups, expected WORLD only")
         lifecycle.reload_process_groups()

@@ -207,7 +207,7 @@ def _check_torch(report: Report, imports: list[str]) -> None:
                 "reloadpg_autopatch.rebind([...]) after importing them"
             )
     if dist.is_available():
-        from ..groups.reloadable import forwarding_report
+        from ..groups.ways.wrapper.group import forwarding_report
 
         report.forwarding = forwarding_report()
         _check_mode(report)
@@ -219,13 +219,14 @@ def _check_torch(report: Report, imports: list[str]) -> None:
 def _check_mode(report: Report) -> None:
     """The reload mode in force, and for each backend in use here which action applies and why.
 
-    The answers come from the same functions the lifecycle decides with (``mode``,
-    ``suspended``), asked of this process's groups, so the doctor cannot tell another story.
+    The answers come from the one choice the lifecycle decides with (``ways``), asked of this
+    process's groups, so the doctor cannot tell another story.
     """
     import torch
     import torch.distributed as dist
 
-    from ..groups import lifecycle, mode, suspended
+    from ..groups import lifecycle, mode
+    from ..groups.ways import inplace, suspend
 
     chosen = mode.get_reload_mode()
     backends: dict[str, str] = {}
@@ -242,9 +243,9 @@ def _check_mode(report: Report) -> None:
         except Exception:  # torch no longer knows it (its WORLD ended): its C++ name
             name = str(group._get_backend_name())
         if name not in backends:
-            backends[name] = _action(report, chosen, name, group)
-    if not mode.torch_can_reconfigure() and chosen != "wrapper":
-        why = mode.in_place_refusal(None)
+            backends[name] = _action(report, name, group)
+    if not inplace.torch_can_reconfigure() and chosen != "wrapper":
+        why = inplace.in_place_refusal(None)
         backends.setdefault("every other backend", f"behind a wrapper: {why}")
     report.fidelity["mode"] = {
         "mode": chosen,
@@ -252,7 +253,7 @@ def _check_mode(report: Report) -> None:
         "backends": backends,
     }
     if chosen in ("suspend", "auto"):
-        warnings = [w for w in (suspended.environment_refusal(),) if w]
+        warnings = [w for w in (suspend.environment_refusal(),) if w]
         default = dist.GroupMember.WORLD if dist.is_initialized() else None
         nccl = default is not None and "nccl" in str(dist.get_backend()).lower()
         if nccl and getattr(default, "bound_device_id", None) is None:
@@ -279,8 +280,8 @@ def _check_mode(report: Report) -> None:
                 versions[getter] = None
         report.fidelity["suspend"] = {
             "torch": torch.__version__,
-            "available": suspended.torch_can_suspend(),
-            "guard": "pre-hook" if suspended.torch_has_pre_hooks() else "wrapper",
+            "available": suspend.torch_can_suspend(),
+            "guard": "pre-hook" if suspend.torch_has_pre_hooks() else "wrapper",
             "nccl_build": versions["get_build_nccl_version"],
             "nccl_runtime": versions["get_runtime_nccl_version"],
             "warnings": warnings,
@@ -288,37 +289,14 @@ def _check_mode(report: Report) -> None:
         }
 
 
-def _action(report: Report, chosen: str, name: str, group: Any) -> str:
-    """What the mode in force does with a group of backend ``name``, and why."""
-    from ..groups import mode, suspended
+def _action(report: Report, name: str, group: Any) -> str:
+    """What the mode in force does with a group of backend ``name``, and why (``ways``)."""
+    from ..groups import ways
 
-    if chosen == "wrapper":
-        return "behind a wrapper (the mode is wrapper)"
-    refusal = mode.in_place_refusal(group)
-    in_place = "in place (ProcessGroup.reconfigure)"
-    if chosen in ("suspend", "auto"):
-        found = suspended.capability(group)
-        cannot = mode.suspend_refusal(group, found)
-        if cannot is None:
-            guard = (
-                "a pre-hook refuses it while asleep"
-                if suspended.torch_has_pre_hooks()
-                else "its wrapper refuses it while asleep (torch 2.13 has no pre-hooks)"
-            )
-            return f"suspend in place ({guard})"
-        if chosen == "suspend":
-            if found.cpu_only:
-                return "stays awake, untouched: a CPU backend holds no accelerator memory"
-            report.problems.append(f"suspend mode cannot suspend {name} groups: {cannot}")
-            return f"REFUSED: {cannot}"
-        how = in_place if refusal is None else f"behind a wrapper ({refusal})"
-        return f"{how}; it cannot suspend: {cannot}"
-    if refusal is None:
-        return in_place
-    if chosen == "auto":
-        return f"behind a wrapper: {refusal}"
-    report.problems.append(f"native mode cannot reload {name} groups: {refusal}")
-    return f"REFUSED: {refusal}"
+    text, problem = ways.explain(group, name)
+    if problem is not None:
+        report.problems.append(problem)
+    return text
 
 
 def _check_fidelity(report: Report) -> None:

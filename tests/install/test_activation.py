@@ -147,7 +147,7 @@ def test_concurrent_imports_do_not_deadlock(installed) -> None:
     "first_import",
     [
         "import reloadpg_autopatch; reloadpg_autopatch.ReloadableProcessGroup",
-        "from reloadpg_autopatch.groups import world",
+        "from reloadpg_autopatch.groups.world import registration",
         "import reloadpg_autopatch.groups.lifecycle",
         "from reloadpg_autopatch.tools import bindings; bindings.check(bindings.find_bindings())",
     ],

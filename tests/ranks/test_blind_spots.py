@@ -320,7 +320,7 @@ def _native_frees(ctx: Rank) -> dict:
 @pytest.mark.xfail(
     strict=True,
     reason="native mode releases a group with ProcessGroup.shutdown() "
-    "(groups/inplace.py: release), which on torch 2.14.1 gloo closes no socket and joins no "
+    "(groups/ways/inplace.py: release), which on torch 2.14.1 gloo closes no socket and joins no "
     "thread: destroy_process_groups() frees nothing",
 )
 def test_native_destroy_closes_the_groups_sockets_and_threads() -> None:

@@ -84,7 +84,7 @@ def _old_names_wrapper(ctx: Rank) -> dict:
     ctx.init()
     import torch.distributed as dist
 
-    from reloadpg_autopatch.groups.reloadable import ReloadableProcessGroup
+    from reloadpg_autopatch.groups.ways.wrapper import ReloadableProcessGroup
 
     native = dist.new_group([0, 1])
     old = OldNamesGroup.make(native)

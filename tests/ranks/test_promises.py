@@ -357,7 +357,7 @@ def test_p1_store_key_count_stays_flat_over_many_rounds_driven_by_threads() -> N
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_p2_merge_name_sets_booleans_are_true_if_any_rank_says_so(n: int) -> None:
-    from reloadpg_autopatch.groups import rendezvous
+    from reloadpg_autopatch.groups import agreement as rendezvous
 
     def entries(flags: list[bool]) -> list[bytes]:
         return [

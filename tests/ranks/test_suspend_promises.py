@@ -100,7 +100,7 @@ def test_a_sleeping_group_still_answers_rank_size_and_its_name() -> None:
 
 
 def test_the_environment_that_makes_suspend_free_nothing_is_a_refusal() -> None:
-    from reloadpg_autopatch.groups import suspended
+    from reloadpg_autopatch.groups.ways import suspend as suspended
 
     assert suspended.environment_refusal({}) is None
     assert suspended.environment_refusal({"NCCL_CUMEM_ENABLE": "1"}) is None
@@ -127,7 +127,7 @@ def _nccl_backend(version: tuple[int, ...]) -> Any:
     [((2, 29, 6), True), ((2, 29, 0), True), ((2, 29, 7), False), ((2, 30, 3), False)],
 )
 def test_nccl_older_than_2_29_7_is_refused(version: tuple[int, ...], refused: bool) -> None:
-    from reloadpg_autopatch.groups import suspended
+    from reloadpg_autopatch.groups.ways import suspend as suspended
 
     refusal = suspended.version_refusal(_nccl_backend(version))
     assert (refusal is not None) is refused, (version, refusal)

@@ -21,13 +21,14 @@ from reloadpg_autopatch.groups.decisions import (
     ReloadFacts,
     ReloadStep,
     Reports,
-    Sleep,
     destroy_step,
     reload_step,
     sleep_verdict,
 )
+from reloadpg_autopatch.groups.decisions import Verdict as Sleep
 from reloadpg_autopatch.groups.process import PHASES, Phase, ProcessState
-from reloadpg_autopatch.groups.record import TRANSITIONS, State, TransitionError, Way
+from reloadpg_autopatch.groups.record import TRANSITIONS, State, TransitionError
+from reloadpg_autopatch.groups.ways import Builtin as Way
 
 # ---- the expected tables, written from the documented behaviour ---------------------------
 

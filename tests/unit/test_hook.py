@@ -23,7 +23,7 @@ def tree(tmp_path, monkeypatch):
     (pkg / "target.py").write_text("import sys\nVALUE = 41\nSEEN_LOADER = __loader__\n")
     (pkg / "broken.py").write_text("raise ImportError('broken on purpose')\n")
     # A watched module whose import pulls in the target half-way through, like our own
-    # groups/reloadable.py pulling in torch.distributed.
+    # groups/ways/wrapper/group.py pulling in torch.distributed.
     (pkg / "outer.py").write_text("from hookprobe_pkg import inner\nDONE = True\n")
     (pkg / "inner.py").write_text("import hookprobe_pkg.target\nDONE = True\n")
     (pkg / "failing_outer.py").write_text("import hookprobe_pkg.target\nraise ValueError('late')\n")

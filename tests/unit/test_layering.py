@@ -1,5 +1,7 @@
-"""Layers: a second patch layered on top of ours (slime's actor does that), and our own layers'
-imports, which run one way, with the environment's vocabulary in a bottom module below them all.
+"""Our own layers' imports, which run one way, with the environment's vocabulary in a bottom
+module below them all; inside ``groups/``, the lifecycle's own layers (the drivers above WORLD,
+WORLD above the ways, the ways above the bookkeeping), no WORLD branch outside ``groups/world``,
+and each part of the process holder written by its one module.
 """
 
 from __future__ import annotations
@@ -12,87 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from tests.support.programs import slime_like
-from tests.support.ranks import Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _layered(ctx: Rank) -> dict:
-    import torch
-
-    import reloadpg_autopatch
-    from reloadpg_autopatch.groups import registry
-
-    dist = ctx.patched()
-    ours = dist.new_group([0, 1])
-    bound_all_gather = dist.all_gather_into_tensor  # a Megatron-style binding of our wrapper
-    records_before = len(registry.records())
-
-    slime_class, slime_destroy, slime_reload = slime_like.apply()
-    theirs = dist.new_group([0, 1])
-    their_sub, _ = dist.new_subgroups(2)  # torch's helper creates through the outer new_group
-    out = {
-        "their_subgroup_type": type(their_sub).__name__,
-        "theirs_type": type(theirs).__name__,
-        "inner_type": type(theirs.group).__name__,
-        "records_added": len(registry.records()) - records_before,  # not even subgroups
-    }
-
-    def gather(func, group):
-        buffer = torch.zeros(4)
-        func(buffer, torch.full((2,), float(ctx.rank)), group=group)
-        return buffer.tolist()
-
-    def total(group):
-        t = torch.tensor([ctx.rank + 1.0])
-        dist.all_reduce(t, group=group)
-        return t.item()
-
-    out["their_group_via_their_patch"] = [
-        total(theirs),
-        gather(dist.all_gather_into_tensor, theirs),
-    ]
-    out["their_group_via_our_binding"] = gather(bound_all_gather, theirs)
-    try:  # torch's own all_gather_single hands their class to the C++ trampoline
-        gather(reloadpg_autopatch._originals.original("all_gather_single"), theirs)
-        out["their_group_unpatched"] = "no error"
-    except Exception as error:
-        out["their_group_unpatched"] = type(error).__name__
-    # A binding made before any patch: torch's original delegates to distributed_c10d's
-    # all_gather_single by name, which is ours there, so even it works.
-    out["their_group_stale_binding"] = gather(
-        reloadpg_autopatch._originals.original("all_gather_into_tensor"), theirs
-    )
-    out["our_group_via_their_patch"] = [total(ours), gather(dist.all_gather_into_tensor, ours)]
-
-    # Each layer destroys and reloads its own groups; neither disturbs the other.
-    reloadpg_autopatch.destroy_process_groups()
-    out["theirs_alive_while_ours_sleep"] = total(theirs)
-    reloadpg_autopatch.reload_process_groups()
-    slime_destroy()
-    out["ours_alive_while_theirs_sleep"] = total(ours)
-    slime_reload()
-    out["after_both_reloaded"] = [total(ours), total(theirs), type(theirs.group).__name__]
-    out["is_slime_class"] = isinstance(theirs, slime_class)
-    return out
-
-
-def test_outermost_patch_wraps_and_both_layers_keep_working() -> None:
-    for report in run_ranks(_layered, 2):
-        assert report["theirs_type"] == "SlimeLikeGroup"
-        assert report["their_subgroup_type"] == "SlimeLikeGroup"
-        assert report["inner_type"] == "ProcessGroup"  # not wrapped twice
-        assert report["records_added"] == 0
-        assert report["their_group_via_their_patch"] == [3.0, [0.0, 0.0, 1.0, 1.0]]
-        assert report["their_group_via_our_binding"] == [0.0, 0.0, 1.0, 1.0]
-        assert report["their_group_unpatched"] != "no error"  # their class alone is broken
-        assert report["their_group_stale_binding"] == [0.0, 0.0, 1.0, 1.0]
-        assert report["our_group_via_their_patch"] == [3.0, [0.0, 0.0, 1.0, 1.0]]
-        assert report["theirs_alive_while_ours_sleep"] == 3.0
-        assert report["ours_alive_while_theirs_sleep"] == 3.0
-        assert report["after_both_reloaded"] == [3.0, 3.0, "ProcessGroup"]
-        assert report["is_slime_class"]
 
 
 # ---- the import layering ---------------------------------------------------------------------
@@ -283,3 +206,174 @@ def test_imports_run_one_way_and_no_groups_module_imports_patching() -> None:
         for n in groups
     }
     assert {n: t for n, t in into_patching.items() if t} == {}
+
+
+# ---- inside groups/: the lifecycle's layers, WORLD in its own folder, one writer per part ----
+
+GROUPS = "reloadpg_autopatch.groups"
+
+#: The lifecycle's layers, top first: the facade; the drivers and the steps on one group;
+#: WORLD (its registration, swap, end and ways); the ways; the cycle's machinery; below them
+#: every piece of bookkeeping (any groups/ module not named here).
+GROUP_LAYERS = (
+    ("lifecycle",),
+    ("creation", "destroy", "reload", "release", "unwrap"),
+    ("world",),
+    ("ways",),
+    ("recreation", "preflight", "runs", "agreement"),
+)
+
+
+def _group_layer(module: str) -> int:
+    tail = module.removeprefix(GROUPS + ".")
+    for rank, prefixes in enumerate(GROUP_LAYERS):
+        if any(tail == p or tail.startswith(p + ".") for p in prefixes):
+            return rank
+    return len(GROUP_LAYERS)
+
+
+def _groups_modules() -> dict[str, Path]:
+    return {n: p for n, p in _MODULES.items() if n.startswith(GROUPS + ".")}
+
+
+def test_the_lifecycles_layers_run_one_way() -> None:
+    modules = _groups_modules()
+    assert any(n.startswith(f"{GROUPS}.ways.") for n in modules), "no ways/: wrong tree?"
+    assert any(n.startswith(f"{GROUPS}.world.") for n in modules), "no world/: wrong tree?"
+    upward = [
+        f"{name} -> {target}"
+        for name, path in sorted(modules.items())
+        for target in sorted(_every_import(path))
+        if target.startswith(GROUPS + ".") and _group_layer(target) < _group_layer(name)
+    ]
+    assert upward == []
+
+
+#: What says a branch special-cases WORLD: its name, torch's default group, the registration.
+_WORLD_WORDS = ("WORLD", "is_world", "default_pg", "_get_default_group", "stand_in", "registr")
+
+
+def _branch_tests(tree: ast.AST) -> list[ast.expr]:
+    tests: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            tests.append(node.test)
+        elif isinstance(node, ast.comprehension):
+            tests.extend(node.ifs)
+        elif isinstance(node, ast.BoolOp):
+            tests.extend(node.values)
+    return tests
+
+
+def _world_branches(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for test in _branch_tests(tree):
+        source = ast.unparse(test)
+        if any(word in source for word in _WORLD_WORDS):
+            found.append(f"{path.name}:{test.lineno}: {source}")
+    return found
+
+
+def test_no_module_outside_groups_world_has_a_world_branch() -> None:
+    outside = [p for n, p in _groups_modules().items() if not n.startswith(f"{GROUPS}.world")]
+    assert [b for path in outside for b in _world_branches(path)] == []
+
+
+def test_the_world_branch_finder_finds_one(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(record):\n    if record.is_world:\n        return 1\n")
+    assert _world_branches(sample) == ["sample.py:2: record.is_world"]
+
+
+#: Each part of the process holder and the one module (or package) that writes it.
+WRITERS = {
+    "rounds": ("participants",),
+    "records": ("registry",),
+    "pools": ("pools",),
+    "world": ("world",),
+    "left_awake": ("ways.suspend.way",),
+    # the cycle and its phase: the holder's own fields
+    "phase": ("stepping",),
+    "cycle": ("stepping",),
+    "attempt": ("stepping",),
+    "step": ("stepping",),
+    "step_thread": ("stepping",),
+    "last_report": ("stepping",),
+    "lost": ("stepping",),
+    "worlds_ended": ("stepping",),
+}
+
+
+#: The holder's parts that are objects of their own (the others are the holder's fields).
+_PARTS = ("rounds", "records", "pools", "world")
+
+
+def _written_parts(path: Path) -> set[str]:
+    """The holder's parts a file assigns to: ``holder.cycle = ...``, ``holder.records.x = ...``,
+    or ``x`` of a part fetched first (``held = holder.records; held.x = ...``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases = {
+        target.id: node.value.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr in _PARTS
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    written = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        flat = [
+            t
+            for target in targets
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+        ]
+        for target in flat:
+            chain, base = [], target
+            while isinstance(base, ast.Attribute):
+                chain.insert(0, base.attr)
+                base = base.value
+            if not chain or not isinstance(base, ast.Name):
+                continue
+            if base.id in aliases:
+                written.add(aliases[base.id])
+                continue
+            own_field = len(chain) == 1 and base.id in ("holder", "self", "fresh")
+            if (len(chain) >= 2 and chain[0] in _PARTS) or (own_field and chain[0] in WRITERS):
+                written.add(chain[0])
+    return written
+
+
+def test_each_part_of_the_process_holder_is_written_by_its_one_module() -> None:
+    """``process`` itself makes the holder and its parts (their first values, a forked child's
+    fresh holder); after that each part changes only in its writer."""
+    wrong = []
+    for name, path in sorted(_groups_modules().items()):
+        tail = name.removeprefix(GROUPS + ".")
+        if tail == "process":
+            continue
+        for part in _written_parts(path):
+            owners = WRITERS[part]
+            if not any(tail == o or tail.startswith(o + ".") for o in owners):
+                wrong.append(f"{tail} writes {part} (its writer: {', '.join(owners)})")
+    assert wrong == []
+
+
+def test_the_writer_finder_finds_each_kind_of_write(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(holder):\n"
+        "    holder.cycle = 2\n"
+        "    held = holder.pools\n"
+        "    held.handed = {}\n"
+        "    holder.records.all = []\n"
+        "    holder.lock.acquire()\n"
+    )
+    assert _written_parts(sample) == {"cycle", "pools", "records"}

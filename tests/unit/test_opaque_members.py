@@ -20,7 +20,7 @@ def test_no_opaque_processgroup_means_no_registration(monkeypatch: pytest.Monkey
     from torch._library import opaque_object
     from torch.distributed import device_mesh
 
-    from reloadpg_autopatch.groups import reloadable
+    from reloadpg_autopatch.groups.ways.wrapper import group as reloadable
 
     asked: list[Any] = []
 
@@ -42,7 +42,7 @@ def test_an_opaque_processgroup_gets_the_members_it_needs(monkeypatch: pytest.Mo
     from torch._library import opaque_object
     from torch.distributed import device_mesh
 
-    from reloadpg_autopatch.groups import reloadable
+    from reloadpg_autopatch.groups.ways.wrapper import group as reloadable
 
     class Info:
         members = {"group_name": opaque_object.MemberType.USE_REAL}

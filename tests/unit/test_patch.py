@@ -135,7 +135,10 @@ def test_unwrap_foreign_wrappers_recursively(patched_world) -> None:
 
 def test_reloadable_group_forwards_every_process_group_member(patched_world) -> None:
     dist = patched_world
-    from reloadpg_autopatch.groups.reloadable import ReloadableProcessGroup, forwarding_report
+    from reloadpg_autopatch.groups.ways.wrapper.group import (
+        ReloadableProcessGroup,
+        forwarding_report,
+    )
 
     report = forwarding_report()
     for name in ("all_gather_single", "reduce_scatter_single", "allreduce", "_get_backend"):

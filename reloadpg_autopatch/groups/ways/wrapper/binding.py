@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._originals import destroy_native
-from . import aliases, names, pools
-from .record import Record, State
+from ...._originals import destroy_native
+from ... import aliases, names, pools
+from ...record import Record, State
 
 
 def serve(record: Record, native: Any) -> None:

@@ -12,10 +12,8 @@ hand-kept method list that lacks them fails with "No backend type associated wit
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,10 +21,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..errors import GroupBrokenError, GroupDestroyedError, ReloadPGError
-from . import aliases, guard, names, pools, process, registry
-from .record import Record, State
-from .suspended import guard_error
+from ....errors import ReloadPGError
+from ... import aliases, guard, names, pools, registry
+from ...record import Record, State
+from .forwarders import install
+from .way import WRAPPER
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -34,10 +33,6 @@ _NativeProcessGroup = dist.ProcessGroup
 
 #: torch compiles batched p2p (``batch_p2p_ops``, which needs C++ backends) only when asked.
 _P2P_COMPILATION = os.environ.get("TORCHDYNAMO_ENABLE_P2P_COMPILATION", "0") not in ("", "0")
-
-# pybind11 plumbing stays the base class's own. Static methods (``unbox``) and class data (the
-# backend-type enum and its values) are left alone by the type checks in _install_forwarders.
-_NOT_FORWARDED = frozenset({"_pybind11_conduit_v1_"})
 
 
 class ReloadableProcessGroup(_NativeProcessGroup):
@@ -84,11 +79,11 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         if _record is None:
             if not group_args and not group_kwargs:
                 group_kwargs = {"ranks": self.ranks}
-            _record = registry.add(group_args, group_kwargs or {}, group.group_name, State.LIVE)
+            _record = registry.add(
+                group_args, group_kwargs or {}, group.group_name, State.LIVE, WRAPPER
+            )
             _record.native = group
-            holder = process.current()
-            if holder.known_world is None:
-                holder.known_world = dist.GroupMember.WORLD
+            registry.belong_to(dist.GroupMember.WORLD)
         self._record = _record
         _record.attach(self)
         self.mirror_backends()
@@ -167,7 +162,7 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         """
         inner = self._fast
         if inner is None:  # a backend is not a collective: a sleeping group still hands it out
-            inner = _live(self, "_get_backend()", local=True)
+            inner = self._live("_get_backend()", local=True)
         backend = _NativeProcessGroup._get_backend(inner, device)
         pools.track(backend, self._record, device)
         return backend
@@ -200,13 +195,8 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         return self._native is None
 
     def describe(self) -> str:
-        """A short name for messages: WORLD's stand-in says it is WORLD; a group its
-        description if it has one, else its ranks."""
-        if self._record.is_world:
-            return f"WORLD (ranks {self.ranks})"
-        desc = self._record.kwargs.get("group_desc")
-        label = f"'{desc}' " if desc else ""
-        return f"ReloadableProcessGroup {label}(ranks {self.ranks})"
+        """A short name for messages, as its way says (a description, else its ranks)."""
+        return self._record.way.describe(self._record, self.ranks)
 
     def sleep(self) -> None:
         """Suspended (torch 2.13): every call that communicates is refused until ``wake()``;
@@ -224,30 +214,22 @@ class ReloadableProcessGroup(_NativeProcessGroup):
         return native
 
     def destroyed_error(self, what: str) -> ReloadPGError:
-        """The error for using this group while it has no native group."""
-        record = self._record
-        if record.state is State.SUSPENDED:
-            return guard_error(self.describe(), what)
-        if record.state is State.BROKEN:
-            return GroupBrokenError(
-                f"{self.describe()} broke during a suspend or a resume and cannot be used "
-                f"({what}); its communicator is in an unknown state: this process must restart"
-            )
-        if record.state is State.ENDED and record.ended_with_world:
-            return GroupDestroyedError(
-                f"{self.describe()} belonged to a WORLD that was destroyed "
-                "(torch.distributed.destroy_process_group()) and cannot be used "
-                f"({what}); its world was destroyed: create a new group in the current world"
-            )
-        if record.state in (State.RELEASED, State.ENDED):
-            return GroupDestroyedError(
-                f"{self.describe()} was released with torch.distributed.destroy_process_group() "
-                f"and cannot be used ({what}); create a new group instead"
-            )
-        return GroupDestroyedError(
-            f"{self.describe()} is destroyed and cannot be used ({what}); call "
-            "reloadpg_autopatch.reload_process_groups() on every rank first"
-        )
+        """The error for using this group while it has no native group (its way's)."""
+        return self._record.way.use_error(self._record, self.describe(), what)
+
+    def _live(self, what: str, local: bool = False) -> Any:
+        """``live(what)`` for a forwarder whose fast slot was empty.
+
+        torch.compile inlines forwarders and may read only registered members of a group:
+        while it traces, the native group is taken as it is (the guard runs on the next eager
+        call).
+        """
+        if torch.compiler.is_compiling():
+            native = self._native
+            if native is None:
+                raise self.destroyed_error(f"{what}, in compiled code")
+            return native
+        return self.live(what, local)
 
     def __repr__(self) -> str:
         return f"<{self.describe()} {self._record.state.value}>"
@@ -292,145 +274,7 @@ def _register_opaque_members() -> None:
     opaque_object.register_opaque_type(ReloadableProcessGroup, typ="reference", members=members)
 
 
-def _live(group: ReloadableProcessGroup, what: str, local: bool = False) -> Any:
-    """``group.live(what)`` for a forwarder whose fast slot was empty.
-
-    torch.compile inlines forwarders and may read only registered members of a group: while
-    it traces, the native group is taken as it is (the guard runs on the next eager call).
-    """
-    if torch.compiler.is_compiling():
-        native = group._native
-        if native is None:
-            raise group.destroyed_error(f"{what}, in compiled code")
-        return native
-    return group.live(what, local)
-
-
-def _takes_only_self(name: str, base: Any) -> bool:
-    """Whether pybind's docstring gives one signature, ``name(self: ...) -> ...``."""
-    first = (getattr(base, "__doc__", None) or "").split("\n", 1)[0]
-    return re.fullmatch(rf"{re.escape(name)}\(self: [\w.]+\) -> .*", first) is not None
-
-
-def communicates(name: str, base: Any) -> bool:
-    """Whether a ``ProcessGroup`` method talks to the peers: one of pybind's signatures for it
-    returns a ``Work`` (every collective, p2p op and barrier), or it waits for the peers
-    itself (``monitored_barrier``), or it makes a group or a window from this one."""
-    signatures = (getattr(base, "__doc__", None) or "").splitlines()
-    if any(
-        "->" in line and line.rpartition("->")[2].strip().endswith("Work") for line in signatures
-    ):
-        return True
-    return name in ("monitored_barrier", "split_group", "merge_remote_group", "new_window")
-
-
-def _forward_method(name: str, base: Any) -> Any:
-    # The unbound base method, called on the native group: no bound method is made per call.
-    # torch calls these on every collective that reaches a group through the default group
-    # (WORLD's stand-in) or by name, so ``rank()`` and ``size()`` get a fixed-arity forwarder.
-    local = not communicates(name, base)
-    if _takes_only_self(name, base):
-
-        def method(self: ReloadableProcessGroup) -> Any:
-            inner = self._fast
-            if inner is None:
-                inner = _live(self, f"{name}()", local)
-            return base(inner)
-
-    else:
-
-        def method(self: ReloadableProcessGroup, *args: Any, **kwargs: Any) -> Any:
-            inner = self._fast
-            if inner is None:
-                inner = _live(self, f"{name}()", local)
-            return base(inner, *args, **kwargs)
-
-    method.__name__ = name
-    method.__qualname__ = f"ReloadableProcessGroup.{name}"
-    method.__doc__ = getattr(base, "__doc__", None)
-    return method
-
-
-def _recording_method(name: str, base: Any, unregisters: str | None) -> Any:
-    """A forwarder for a hook (un)registration, which the record keeps to replay on reload."""
-
-    def method(self: ReloadableProcessGroup, *args: Any, **kwargs: Any) -> Any:
-        inner = self.group
-        if inner is None:
-            raise self.destroyed_error(f"{name}()")
-        result = getattr(inner, name)(*args, **kwargs)
-        replays = self._record.replays
-        if unregisters is None:
-            replays.append((name, args, kwargs))
-        else:  # unregister_X_hook(hook_id): forget the registrations under that id
-            hook_id = _hook_id(args, kwargs)
-            replays[:] = [
-                h for h in replays if not (h[0] == unregisters and _hook_id(*h[1:]) == hook_id)
-            ]
-        return result
-
-    method.__name__ = name
-    method.__qualname__ = f"ReloadableProcessGroup.{name}"
-    method.__doc__ = getattr(base, "__doc__", None)
-    return method
-
-
-def _hook_id(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The id a hook was registered under, or is unregistered by: the first argument."""
-    return args[0] if args else kwargs.get("hook_id")
-
-
-# Hooks live on the native group and die with it; these registrations are replayed on each new
-# one. torch 2.14 has register_/unregister_{pre,post,abort}_hook, and every version has
-# _register_on_completion_hook.
-_HOOK_REGISTRATION = re.compile(r"^_?(un)?register_(\w+)_hook$")
-
-
-def _forward_property(name: str, base: property) -> property:
-    def fget(self: ReloadableProcessGroup) -> Any:
-        inner = self._kept()
-        if inner is None:
-            raise self.destroyed_error(f"property {name!r}")
-        return getattr(inner, name)
-
-    fset = None
-    if base.fset is not None:
-
-        def fset(self: ReloadableProcessGroup, value: Any) -> None:
-            inner = self.group
-            if inner is None:
-                raise self.destroyed_error(f"setting {name!r}")
-            setattr(inner, name, value)
-
-    return property(fget, fset, doc=base.__doc__)
-
-
-def _install_forwarders(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    methods, properties = [], []
-    for name in dir(_NativeProcessGroup):
-        if name.startswith("__") or name in _NOT_FORWARDED:
-            continue
-        raw = inspect.getattr_static(_NativeProcessGroup, name)
-        if name in cls.__dict__:  # forwarded by a hand-written member (group_name)
-            (properties if isinstance(raw, property) else methods).append(name)
-            continue
-        if isinstance(raw, property):
-            setattr(cls, name, _forward_property(name, raw))
-            properties.append(name)
-        elif isinstance(raw, (staticmethod, classmethod, type)) or not callable(raw):
-            continue  # class-level data and helpers behave the same on the subclass
-        else:
-            match = _HOOK_REGISTRATION.match(name)
-            if match is None:
-                setattr(cls, name, _forward_method(name, raw))
-            else:
-                unregisters = name.replace("unregister_", "register_") if match[1] else None
-                setattr(cls, name, _recording_method(name, raw, unregisters))
-            methods.append(name)
-    return tuple(methods), tuple(properties)
-
-
-FORWARDED_METHODS, FORWARDED_PROPERTIES = _install_forwarders(ReloadableProcessGroup)
+FORWARDED_METHODS, FORWARDED_PROPERTIES = install(ReloadableProcessGroup)
 
 
 def forwarding_report() -> dict[str, list[str]]:

@@ -1,0 +1,148 @@
+"""The ways a group sleeps and wakes, and the one place that chooses a group's way.
+
+A way is one module behind one interface (``base.Way``): behind a wrapper (``wrapper``), in
+place (``inplace``), by suspend (``suspend``); WORLD's own ways live in ``groups/world``. Each
+reload mode lists the ways it may choose, in order of preference (``MODES``); ``choose`` asks
+each whether it can take a group and returns the first that can, or, in a mode that allows one
+way only, refuses loudly. The lifecycle (a new group's way), the patch installer (whether any
+group will need a wrapper: ``lifecycle_only``) and the doctor (``explain``) all ask here.
+
+A new way is one module and one call: ``register(way, mode="name")`` makes a mode of that name
+that chooses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..._env import MODES as _MODE_NAMES
+from .. import mode as modes
+from .base import Way
+from .inplace import IN_PLACE, InPlace
+from .suspend import SUSPEND, SUSPEND_WRAPPED, Suspend, SuspendWrapped, torch_has_pre_hooks
+from .wrapper import WRAPPER, Wrapper
+
+__all__ = [
+    "IN_PLACE",
+    "MODES",
+    "SUSPEND",
+    "SUSPEND_WRAPPED",
+    "WRAPPER",
+    "Builtin",
+    "InPlace",
+    "Suspend",
+    "SuspendWrapped",
+    "Way",
+    "Wrapper",
+    "choose",
+    "explain",
+    "lifecycle_only",
+    "register",
+    "registered",
+]
+
+
+def _suspend() -> Way:
+    """Suspend guards torch's own group with a pre-hook (torch 2.14); else its wrapper."""
+    return SUSPEND if torch_has_pre_hooks() else SUSPEND_WRAPPED
+
+
+def _fixed(way: Way) -> Callable[[], Way]:
+    return lambda: way
+
+
+#: Each mode's ways, most preferred first (a callable, where torch decides which one).
+MODES: dict[str, tuple[Callable[[], Way], ...]] = {
+    "wrapper": (_fixed(WRAPPER),),
+    "native": (_fixed(IN_PLACE),),
+    "suspend": (_suspend,),
+    "auto": (_suspend, _fixed(IN_PLACE), _fixed(WRAPPER)),
+}
+assert set(MODES) == set(_MODE_NAMES)
+
+_REGISTERED: list[Way] = [WRAPPER, IN_PLACE, SUSPEND, SUSPEND_WRAPPED]
+
+
+class _Ways(type):
+    def __iter__(cls) -> Any:
+        return iter((cls.WRAPPER, cls.IN_PLACE, cls.SUSPEND, cls.SUSPEND_WRAPPED))
+
+    def __len__(cls) -> int:
+        return 4
+
+
+class Builtin(metaclass=_Ways):
+    """The built-in ways a group can take, by name (iterable, for tables over every way)."""
+
+    WRAPPER = WRAPPER
+    IN_PLACE = IN_PLACE
+    SUSPEND = SUSPEND
+    SUSPEND_WRAPPED = SUSPEND_WRAPPED
+
+
+def register(way: Way, *, mode: str | None = None) -> Way:
+    """Make ``way`` known; with ``mode``, a reload mode of that name that chooses it alone."""
+    if way not in _REGISTERED:
+        _REGISTERED.append(way)
+    if mode is not None:
+        MODES[mode] = (_fixed(way),)
+        modes.add(mode)
+    return way
+
+
+def registered() -> list[Way]:
+    """Every way known in this process (WORLD's included, once registered)."""
+    return list(_REGISTERED)
+
+
+def _name(group: Any) -> str:
+    return str(getattr(group, "group_name", "?"))
+
+
+def choose(group: Any, *, world_swaps: bool) -> Way | None:
+    """The way of a new member's group, per the mode in force; None: left alone, awake.
+
+    ``world_swaps``: WORLD is swapped on destroy, which destroys every group torch knows, so
+    only a group behind a wrapper survives it. A mode with one way refuses a group that way
+    cannot take (``ModeRefusedError``, naming why), except a group that way leaves awake.
+    """
+    candidates = [get() for get in MODES[modes.get_reload_mode()]]
+    for way in candidates:
+        refusal = way.refusal(group, world_swaps=world_swaps)
+        if refusal is None:
+            return way
+        if len(candidates) == 1:
+            if way.stays_awake(group):
+                return None
+            raise way.strict_error(_name(group), refusal, world_swaps)
+    return WRAPPER
+
+
+def explain(group: Any, backend: str) -> tuple[str, str | None]:
+    """What the mode in force does with ``group`` and why, and the problem if it refuses it
+    (the doctor's words, from the same answers ``choose`` decides with)."""
+    chosen = modes.get_reload_mode()
+    if chosen == "wrapper":
+        return "behind a wrapper (the mode is wrapper)", None
+    candidates = [get() for get in MODES[chosen]]
+    refused: list[tuple[Way, str]] = []
+    for way in candidates:
+        refusal = way.refusal(group, world_swaps=False)
+        if refusal is None:
+            text = way.explain()
+            for other, why in reversed(refused):
+                text += other.cannot(why)
+            return text, None
+        refused.append((way, refusal))
+    way, refusal = refused[0]
+    if len(candidates) == 1 and way.stays_awake(group):
+        return "stays awake, untouched: a CPU backend holds no accelerator memory", None
+    return f"REFUSED: {refusal}", way.problem(backend, refusal)
+
+
+def lifecycle_only() -> bool:
+    """Whether no group will need a wrapper: every way the mode may choose holds torch's own
+    object and this torch can do it (native mode on 2.14, suspend mode with pre-hooks)."""
+    candidates = [get() for get in MODES[modes.get_reload_mode()]]
+    return all(way.torch_object and way.available() for way in candidates)

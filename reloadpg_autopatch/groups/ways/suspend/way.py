@@ -1,0 +1,291 @@
+"""Suspend: a communicator's memory given back and restored in place, the group object kept.
+
+torch's ``Backend.suspend()`` / ``resume()`` (NCCL's ``ncclCommSuspend``/``ncclCommResume``)
+free and restore an NCCL communicator's buffers without destroying anything. The ranks first
+agree on every group (each member says whether it can: ``answer_destroy``), so that none enters
+NCCL's untimed barrier alone; then a guard goes on (``guard``: a pre-hook on torch 2.14, the
+wrapper's empty slot on 2.13) and the suspend runs under the watchdog. A group whose members'
+answers differ falls back: kept resident where the program holds torch's own object, destroyed
+behind its wrapper on 2.13; ``suspend`` mode refuses it on every rank instead
+(``after_destroy_agreement``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ...._env import MODE_ENV
+from ....errors import GroupBrokenError, ModeRefusedError, ReloadPGError
+from ... import mode, participants, process
+from ...agreement import DestroyAnswers
+from ...decisions import DestroyFacts, DestroyStep, ReloadStep, Verdict
+from ...record import Record, State
+from ...runs import DestroyRun, ReloadRun
+from ..base import Way
+from ..wrapper import binding
+from .capability import OK, capability, suspend_refusal, torch_can_suspend
+from .guard import Sleep, guard_error, hook_off, hook_on, stats_of
+from .watchdog import call, suspend_timeout
+
+#: Why no group suspends while WORLD is swapped.
+WORLD_SWAPS = (
+    "WORLD is registered and swapped for a temporary WORLD on destroy, which destroys every "
+    "group; register WORLD in suspend mode too"
+)
+
+
+def leave_awake(native: Any) -> Any:
+    """Remember a group this rank leaves awake while a peer may suspend it; return it."""
+    holder = process.current()
+    with holder.lock:
+        holder.left_awake.add(str(native.group_name))
+    return native
+
+
+def forget_left_awake() -> None:
+    """A new world starts with nothing left awake from the one that ended."""
+    holder = process.current()
+    with holder.lock:
+        holder.left_awake = set()
+
+
+def _still_known() -> list[str]:
+    """The groups this rank left awake that torch still knows (the others are forgotten)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    holder = process.current()
+    if not holder.left_awake:
+        return []
+    known = {str(name) for name in c10d._world.pg_names.values()}
+    with holder.lock:
+        holder.left_awake &= known
+        return sorted(holder.left_awake)
+
+
+def _seconds(run: DestroyRun | ReloadRun) -> float:
+    if run.suspend_seconds is None:
+        run.suspend_seconds = suspend_timeout(participants.world_timeout())
+    return run.suspend_seconds
+
+
+class Suspend(Way):
+    """Torch's own group, suspended in place and guarded by a pre-hook (torch 2.14)."""
+
+    name: ClassVar[str] = "suspend"
+    torch_object: ClassVar[bool] = True
+    suspends: ClassVar[bool] = True
+
+    # ---- choosing ----
+
+    def refusal(self, group: Any, *, world_swaps: bool) -> str | None:
+        found = capability(group) if torch_can_suspend() else None
+        refusal = suspend_refusal(group, found)
+        if refusal is None and world_swaps:
+            return WORLD_SWAPS
+        return refusal
+
+    def stays_awake(self, group: Any) -> bool:
+        """A group on CPU backends only holds no accelerator memory: left alone, awake."""
+        return torch_can_suspend() and capability(group).cpu_only
+
+    def strict_error(self, name: str, refusal: str, world_swaps: bool) -> ModeRefusedError:
+        return ModeRefusedError(
+            f"{MODE_ENV}=suspend (or set_reload_mode('suspend')) but group {name!r} cannot be "
+            f"suspended in place: {refusal}; use mode 'auto' to reload such groups another way"
+        )
+
+    def available(self) -> bool:
+        return torch_can_suspend()
+
+    def explain(self) -> str:
+        return "suspend in place (a pre-hook refuses it while asleep)"
+
+    def cannot(self, why: str) -> str:
+        return f"; it cannot suspend: {why}"
+
+    def phase(self, step: DestroyStep | ReloadStep) -> str:
+        if step in (DestroyStep.SUSPEND, DestroyStep.GUARD, DestroyStep.KEEP_RESIDENT):
+            return "suspend"
+        if step in (ReloadStep.RESUME, ReloadStep.RESUME_THEN_RELEASE):
+            return "resume"
+        return super().phase(step)
+
+    def problem(self, backend: str, why: str) -> str:
+        return f"suspend mode cannot suspend {backend} groups: {why}"
+
+    # ---- decisions ----
+
+    def sleep_step(self, facts: DestroyFacts) -> DestroyStep:
+        verdict = facts.verdict if facts.verdict is not None else Verdict.FALLBACK
+        if verdict is Verdict.SUSPEND:
+            return DestroyStep.SUSPEND
+        if verdict is Verdict.GUARD:
+            return DestroyStep.GUARD
+        if verdict is Verdict.FALLBACK:
+            return self.fallback_step()
+        return DestroyStep.KEEP_RESIDENT
+
+    def fallback_step(self) -> DestroyStep:
+        """Some member cannot suspend it: nothing can destroy torch's own object, so it stays."""
+        return DestroyStep.KEEP_RESIDENT
+
+    def creates_nothing(self, record: Record) -> bool:
+        return record.state is not State.DESTROYED  # resumed, or kept awake
+
+    # ---- the destroy's agreement ----
+
+    def answer_destroy(self, record: Record, answers: DestroyAnswers) -> None:
+        if not record.member:
+            return
+        name = str(record.name)
+        if binding.abandoned(record) or record.state is State.RELEASED:
+            # Let go here (dropped, or destroy_process_group(g) while awake): no peer may
+            # enter its barrier, which this rank will never join.
+            answers.released.append(name)
+            return
+        if record.state is not State.LIVE:
+            return
+        found = capability(record.native)
+        if found.refusals or not found.legs:
+            answers.unsupported.append(name)
+            answers.why.extend(f"group {name!r}: {why}" for why in found.refusals)
+        for answer in set(found.answers):
+            (answers.ok if answer == OK else answers.uninitialized).append(name)
+
+    @staticmethod
+    def answer_destroy_for_rank(answers: DestroyAnswers) -> None:
+        answers.awake.extend(_still_known())
+
+    @staticmethod
+    def after_destroy_agreement(run: DestroyRun) -> None:
+        """In ``suspend`` mode a group some member cannot suspend (or left awake) is refused,
+        alike on every rank, before anything sleeps."""
+        agreed = run.agreed
+        if agreed is None or mode.get_reload_mode() != "suspend":
+            return
+        awake = set(agreed.awake)
+        refused = sorted(n for n, v in run.verdicts.items() if v is Verdict.FALLBACK or n in awake)
+        if not refused:
+            return
+        named = tuple(f"group {name!r}:" for name in refused)
+        reasons = {why for why in agreed.why if why.startswith(named)} | {
+            f"group {name!r}: its members answered differently (it can suspend on some; on "
+            "others its backends serve only the CPU or do not support suspend, so it was left "
+            "awake)"
+            for name in refused
+            if name in awake
+        }
+        why = "; ".join(sorted(reasons)) or (
+            "its members' communicators answered differently (initialized on some, not yet on "
+            "others)"
+        )
+        raise ModeRefusedError(
+            f"destroy_process_groups() ({participants.where('destroy')}): {MODE_ENV}=suspend, "
+            f"but groups {', '.join(map(repr, refused))} cannot be suspended on every member: "
+            f"{why}. Nothing was suspended or destroyed on any rank; use mode 'auto' to reload "
+            "such groups another way"
+        )
+
+    # ---- sleeping ----
+
+    def guard(self, record: Record, run: DestroyRun) -> None:
+        """Guard it; nothing to suspend (no communicator yet)."""
+        self._guard(record, suspend=False)
+        run.part.groups.setdefault("guarded", []).append(str(record.name))
+
+    def suspend(self, record: Record, run: DestroyRun) -> None:
+        """Guard it, then suspend its communicator. A suspend that raises leaves it broken
+        (still guarded) and the step goes on, so that no peer waits in NCCL's barrier for a
+        group this rank skipped; the errors are raised once the step is done."""
+        self._guard(record, suspend=True)
+        run.part.groups.setdefault("suspended", []).append(str(record.name))
+        sleep = record.sleep
+        try:
+            for device, backend in sleep.legs:
+                what = (
+                    f"suspend() of {self.label(record)} on {device} "
+                    f"({participants.where('destroy')})"
+                )
+                sleep.suspend_ms += call(backend, "suspend", what, _seconds(run))
+            sleep.asleep = stats_of(sleep.legs)
+        except Exception as error:
+            record.move(State.BROKEN)
+            run.failures.append((str(record.name), error))
+
+    def keep(self, record: Record, run: DestroyRun) -> None:
+        """Left awake and resident, and said so in the report."""
+        reason = run.verdicts.get(str(record.name), Verdict.FALLBACK).value
+        run.part.groups.setdefault("resident", []).append(f"{record.name} ({reason})")
+
+    def _guard(self, record: Record, suspend: bool) -> None:
+        """Refuse every use of the group from now on; then it may sleep."""
+        found = capability(record.native)
+        sleep = Sleep(legs=found.legs if suspend else [], awake=found.awake)
+        sleep.before = stats_of(sleep.legs)
+        self.guard_on(record, sleep, self.label(record))
+        record.sleep = sleep
+        record.move(State.SUSPENDED)
+
+    def guard_on(self, record: Record, sleep: Sleep, label: str) -> None:
+        def error(op: str) -> BaseException:
+            if record.state is State.BROKEN:
+                return GroupBrokenError(
+                    f"{label} broke during a suspend or a resume ({op}) and cannot be used; "
+                    "its communicator is in an unknown state: this process must restart"
+                )
+            return guard_error(label, op)
+
+        hook_on(record.native, sleep.awake, error)
+        sleep.hooked = True
+
+    def guard_off(self, record: Record) -> None:
+        hook_off(record.native)
+
+    # ---- waking ----
+
+    def resume_need(self, record: Record) -> list[tuple[Any, int]]:
+        """What a resume allocates again on this rank: ``(device, bytes)`` per leg."""
+        sleep = record.sleep
+        if record.state is not State.SUSPENDED or sleep is None:
+            return []
+        share = sleep.need() // max(len(sleep.legs), 1)
+        return [(device, share) for device, _backend in sleep.legs]
+
+    def resume(self, record: Record, run: ReloadRun) -> None:
+        """Resume it, then lift the guard (and release it, if the program asked while it
+        slept: the resume is collective, so every member resumes it first)."""
+        sleep = record.sleep
+        try:
+            for device, backend in sleep.legs:
+                what = (
+                    f"resume() of {self.label(record)} on {device} ({participants.where('reload')})"
+                )
+                sleep.resume_ms += call(backend, "resume", what, _seconds(run))
+            sleep.after = stats_of(sleep.legs)
+        except Exception as error:
+            record.move(State.BROKEN)
+            run.failures.append((str(record.name), error))
+            return
+        self.guard_off(record)
+        record.move(State.LIVE)
+        run.names["resumed"].append(str(record.name))
+        if record.release_pending:  # every member resumed it (collective); now it goes, here
+            binding.unserve(record, destroy=True)
+            record.move(State.RELEASED)
+            return
+        held = self.held(record)
+        if held is not None:
+            run.rebuilt.append(held)
+
+    def use_error(self, record: Record, label: str, what: str) -> ReloadPGError:
+        if record.state is State.SUSPENDED:
+            return guard_error(label, what)
+        if record.state is State.BROKEN:
+            return GroupBrokenError(
+                f"{label} broke during a suspend or a resume and cannot be used ({what}); its "
+                "communicator is in an unknown state: this process must restart"
+            )
+        return super().use_error(record, label, what)
+
+
+SUSPEND = Suspend()

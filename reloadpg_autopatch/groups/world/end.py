@@ -1,0 +1,82 @@
+"""The end of a world: the program destroyed WORLD, or replaced it behind our back.
+
+torch tears down every group when WORLD is destroyed, so every record of that world ends for
+good (a wrapper then says its world was destroyed), the registration and WORLD's stand-in end,
+and the next world counts its cycles from 1 (``stepping.begin_world``). Groups that sleep
+suspended are resumed first (a resume is collective, and every rank ends WORLD at the same
+point): ``wake_before_world_ends``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch.distributed import distributed_c10d as c10d
+
+from .. import participants, process, registry
+from ..record import State
+from ..runs import ReloadRun
+from ..stepping import begin_world, nothing_to_do, threaded_world
+from ..ways.suspend.way import forget_left_awake
+from ..ways.wrapper import binding
+
+logger = logging.getLogger("reloadpg_autopatch")
+
+
+def check_world(holder: process.ProcessState) -> None:
+    """End the records of a WORLD the program replaced without telling us."""
+    known = registry.world()
+    if known is not None and c10d._world.default_pg is not known:
+        logger.info("WORLD was destroyed and replaced behind our back: its groups end")
+        end_world()
+
+
+def _forget(holder: process.ProcessState) -> None:
+    """The registration ends, and so does WORLD's stand-in."""
+    registered = holder.world.registration
+    holder.world.registration = None
+    holder.world.facts = process.TorchDefault()
+    if registered is not None and registered.stand_in is not None:
+        stand_in = registered.stand_in
+        if c10d._world.default_pg is stand_in:  # torch's destroy clears it; this is not
+            c10d._world.default_pg = None
+        stand_in.group = None
+
+
+def end_world() -> None:
+    """WORLD is gone: torch tore down every group, and this world's records end for good."""
+    if threaded_world():
+        return  # nothing of ours belongs to a thread's world
+    holder = process.current()
+    with holder.lock:
+        for record in registry.records():
+            binding.unserve(record, destroy=False)  # torch destroyed every group, and its maps
+            record.ended_with_world = True
+            if record.state is not State.ENDED:
+                record.move(State.ENDED)
+        registry.prune()
+        participants.tidy()
+        _forget(holder)
+        registry.belong_to(None, again=True)
+        forget_left_awake()
+        begin_world(holder)
+
+
+def wake_before_world_ends() -> None:
+    """The program ends WORLD while groups sleep suspended: resume them first.
+
+    By the SPMD contract every rank ends WORLD at the same point, so every member resumes
+    each group (collective) before torch tears it down; no memory preflight: the memory goes
+    away with the world. A forked child in its parent's world has nothing to resume.
+    """
+    holder = process.current()
+    if nothing_to_do(holder, "destroy_process_group"):
+        return
+    asleep = [r for r in registry.records() if r.state is State.SUSPENDED]
+    if not asleep:
+        return
+    run = ReloadRun()
+    for record in asleep:
+        record.way.resume(record, run)
+    for name, error in run.failures:
+        logger.error("resuming group %r before WORLD ends failed: %s", name, error)

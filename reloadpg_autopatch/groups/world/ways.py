@@ -1,0 +1,150 @@
+"""WORLD's ways: the ways any group has, as WORLD takes them, and WORLD's swap.
+
+Registered, WORLD is the first record: destroy and reload ask its way as they ask any other.
+WORLD differs from a group in what it is (torch's default group: reports name it WORLD, the
+program never releases it, the hooks get the default group) and in one way of its own: the
+swap, WORLD behind its stand-in, which is its wrapper way. A destroy replaces an accelerator
+WORLD with a temporary CPU WORLD (torch cannot run without a default group) and a reload
+restores it, which tears down every group torch knew (``ReloadRun.restored``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch.distributed import distributed_c10d as c10d
+
+from ..._env import MODE_ENV
+from ...errors import ModeRefusedError
+from .. import guard, mode, participants
+from ..agreement import ReloadAnswers
+from ..backends import holds_accelerator_memory
+from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
+from ..record import Record, State
+from ..runs import DestroyRun, ReloadRun
+from ..ways import register
+from ..ways.base import Way
+from ..ways.inplace import InPlace, in_place_refusal, rebuild, release
+from ..ways.suspend import Suspend, SuspendWrapped, capability, suspend_refusal
+from ..ways.suspend import torch_has_pre_hooks as _hooks
+from . import swap
+
+
+class _World:
+    """What WORLD is, whichever way it takes."""
+
+    program_group: ClassVar[bool] = False
+
+    def label(self, record: Record) -> str:
+        return "WORLD"
+
+    def describe(self, record: Record, ranks: list[int]) -> str:
+        return f"WORLD (ranks {ranks})"
+
+    def held(self, record: Record) -> Any:
+        return c10d._world.default_pg
+
+    def releasable(self, record: Record) -> bool:
+        return False  # destroying WORLD ends the world (``end.end_world``)
+
+    def answer_reload(self, record: Record, answers: ReloadAnswers) -> None:
+        """WORLD is no group a reload creates, takes part in or forgets."""
+
+
+class WorldSwap(_World, Way):
+    """WORLD behind its stand-in, swapped for a temporary CPU WORLD while asleep."""
+
+    name: ClassVar[str] = "WORLD swapped for a temporary WORLD"
+
+    def sleep_step(self, facts: DestroyFacts) -> DestroyStep:
+        return DestroyStep.FREE_WRAPPED
+
+    def made_while_asleep_step(self, facts: ReloadFacts) -> ReloadStep:
+        return ReloadStep.NOTHING
+
+    def phase(self, step: DestroyStep | ReloadStep) -> str:
+        return "swap"
+
+    def free(self, record: Record, run: DestroyRun) -> None:
+        swap.swap_out()
+        record.move(State.DESTROYED)
+
+    def recreate(self, record: Record, run: ReloadRun) -> None:
+        swap.swap_in()
+        record.move(State.LIVE)
+        run.restored = True  # torch tore down every group it knew
+        stand_in = participants.registration().stand_in
+        run.rebuilt.append(stand_in)
+        guard.arm(stand_in)
+
+
+class WorldInPlace(_World, InPlace):
+    """WORLD's communicator shut down and reconfigured inside torch's default group."""
+
+    name: ClassVar[str] = "WORLD in place"
+
+    def free(self, record: Record, run: DestroyRun) -> None:
+        registered = participants.registration()
+        swap.refresh_timeout(registered)
+        release(c10d._get_default_group())
+        record.move(State.DESTROYED)
+
+    def phase(self, step: DestroyStep | ReloadStep) -> str:
+        return "swap" if isinstance(step, ReloadStep) else super().phase(step)
+
+    def rebuild(self, record: Record, run: ReloadRun) -> None:
+        rebuild(c10d._get_default_group(), "WORLD", participants.registration().timeout)
+        record.move(State.LIVE)
+        run.rebuilt.append(c10d._get_default_group())
+
+
+class WorldSuspend(_World, Suspend):
+    """WORLD suspended in place, torch's own default group guarded by a pre-hook."""
+
+    name: ClassVar[str] = "WORLD suspended in place"
+
+
+class WorldSuspendWrapped(_World, SuspendWrapped):
+    """WORLD suspended in place behind its stand-in (torch 2.13)."""
+
+    name: ClassVar[str] = "WORLD suspended behind its stand-in"
+
+    def fallback_step(self) -> DestroyStep:
+        return DestroyStep.KEEP_RESIDENT  # WORLD is never destroyed here: it stays awake
+
+
+SWAP = register(WorldSwap())
+IN_PLACE = register(WorldInPlace())
+SUSPEND = register(WorldSuspend())
+SUSPEND_WRAPPED = register(WorldSuspendWrapped())
+
+
+def choose(default_group: Any, backend: str, named: bool, chosen: tuple[str, ...] | None) -> Any:
+    """WORLD's way, per the mode in force (None: it stays awake, as it is).
+
+    Suspend where the mode and the backend allow; else in place where the mode allows and
+    torch can; else swapped when its backend holds accelerator memory (or is named in
+    ``accelerator_backends``). In ``suspend`` mode a WORLD that cannot suspend is refused,
+    unless it is on a CPU backend only and not named: then it stays awake, as gloo groups do.
+    """
+    chosen_mode = mode.get_reload_mode()
+    if chosen_mode in ("suspend", "auto"):
+        found = capability(default_group)
+        refusal = suspend_refusal(default_group, found)
+        if refusal is None:
+            return SUSPEND if _hooks() else SUSPEND_WRAPPED
+        if chosen_mode == "suspend" and not (found.cpu_only and not named):
+            raise ModeRefusedError(
+                f"{MODE_ENV}=suspend (or set_reload_mode('suspend')) but WORLD ({backend}) "
+                f"cannot be suspended in place: {refusal}; use mode 'auto' to swap it for a "
+                "temporary WORLD instead"
+            )
+    if chosen_mode != "wrapper":
+        refusal = in_place_refusal(default_group)
+        if refusal is None:
+            return IN_PLACE
+        if chosen_mode == "native":
+            raise IN_PLACE.strict_error(str(default_group.group_name), refusal, False)
+    if chosen is None:
+        return SWAP if holds_accelerator_memory(backend) else None
+    return SWAP if named else None
