@@ -134,15 +134,18 @@ def installed_without_torch(built, tmp_path_factory):
 
 
 @pytest.fixture
-def one_ray_cluster_at_a_time():
-    """Hold a machine-wide lock while this test runs its own Ray cluster.
+def one_ray_cluster_at_a_time(monkeypatch):
+    """Hold a machine-wide lock while this test runs its own Ray cluster, in ``/tmp/ray``.
 
     ``.ci/run`` runs two torch lanes at once; two local Ray clusters starting together on one
-    machine compete for its ports and its ``/tmp/ray`` session folder. The lock lives in
-    ``/tmp`` itself, not under the lane's own ``TMPDIR``.
+    machine compete for its ports and its session folder. Ray puts its session (Unix sockets
+    among it) under ``TMPDIR`` on Linux, and a lane's own ``TMPDIR`` can make those paths too
+    long for a socket, so the cluster goes to ``/tmp/ray`` (``RAY_TMPDIR``), where the lock
+    lives too.
     """
     import fcntl
 
+    monkeypatch.setenv("RAY_TMPDIR", "/tmp")
     with open("/tmp/reloadpg_autopatch-tests-ray.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
