@@ -1,0 +1,47 @@
+"""The adoption switch's vocabulary (``_env``): ``SLIME_RELOADABLE_PG_ADOPT`` and the modules."""
+
+from __future__ import annotations
+
+import pytest
+
+from reloadpg_autopatch import _env
+
+pytestmark = pytest.mark.startup
+
+
+@pytest.mark.parametrize(
+    ("raw", "adopt"),
+    [
+        *[(None, True), ("", True), ("  ", True), ("1", True), (" On ", True), ("YES", True)],
+        *[("0", False), ("false", False), (" No", False), ("OFF\t", False)],
+    ],
+)
+def test_adoption_is_on_by_default_and_off_values_keep_the_frameworks_own(raw, adopt) -> None:
+    assert _env.parse_adopt(raw) is adopt
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "1; import os", "x" * 500])
+def test_a_bad_value_is_one_line_naming_the_variable_and_the_accepted_values(raw) -> None:
+    with pytest.raises(ValueError, match="SLIME_RELOADABLE_PG_ADOPT=") as caught:
+        _env.parse_adopt(raw)
+    text = str(caught.value)
+    assert "\n" not in text
+    assert "1, true, yes, on" in text
+    assert "0, false, no, off" in text
+    assert len(text) < 400  # a long value is cut (excerpt), not echoed whole
+
+
+def test_the_frameworks_modules_are_adopted_and_the_variable_adds_more() -> None:
+    modules, problems = _env.parse_adopt_modules(None)
+    assert modules == (
+        "slime.utils.reloadable_process_group",
+        "miles.utils.reloadable_process_group",
+        "vime.utils.reloadable_process_group",
+    )
+    assert problems == []
+    modules, problems = _env.parse_adopt_modules(" forkrl.lifecycle, ,bad name,slime.utils.x ")
+    assert modules[3:] == ("forkrl.lifecycle", "slime.utils.x")
+    assert len(problems) == 1
+    assert "'bad name'" in problems[0]
+    assert _env.ADOPT_ENV in _env.VARIABLES
+    assert _env.ADOPT_MODULES_ENV in _env.VARIABLES
