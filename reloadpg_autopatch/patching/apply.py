@@ -163,3 +163,14 @@ def patch(
     changed = sweep.rebind(prefixes)
     if changed:
         logger.info("rebound %d stale references to torch.distributed functions", len(changed))
+    _adopt_loaded()
+
+
+def _adopt_loaded() -> None:
+    """Adopt the frameworks' lifecycle modules imported before the patch (``adopt``)."""
+    from . import adopt
+
+    try:
+        adopt.adopt_loaded()
+    except Exception as error:  # the patch stands; the framework keeps its own lifecycle
+        logger.warning("adopting the frameworks' lifecycle modules failed: %s", error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reloadpg_autopatch import _env
+from reloadpg_autopatch._startup import bootstrap
 
 pytestmark = pytest.mark.startup
 
@@ -45,3 +46,15 @@ def test_the_frameworks_modules_are_adopted_and_the_variable_adds_more() -> None
     assert "'bad name'" in problems[0]
     assert _env.ADOPT_ENV in _env.VARIABLES
     assert _env.ADOPT_MODULES_ENV in _env.VARIABLES
+
+
+def test_start_up_reports_each_bad_adoption_value(monkeypatch) -> None:
+    monkeypatch.setenv(_env.ADOPT_ENV, "maybe")
+    monkeypatch.setenv(_env.ADOPT_MODULES_ENV, "ok.name,no good")
+    problems = bootstrap.adoption_problems()
+    assert len(problems) == 2
+    assert "'maybe'" in problems[0]
+    assert "'no good'" in problems[1]
+    monkeypatch.delenv(_env.ADOPT_ENV)
+    monkeypatch.delenv(_env.ADOPT_MODULES_ENV)
+    assert bootstrap.adoption_problems() == []
