@@ -128,6 +128,18 @@ def _steps(actor: Any, miles: bool = False) -> list[Any]:
     return out
 
 
+def _doctor() -> dict[str, Any]:
+    from reloadpg_autopatch.tools import doctor
+
+    report = doctor.diagnose()
+    lines = doctor.render(report).splitlines()
+    return {
+        "adoption": report.adoption,
+        "lines": [line for line in lines if "adopt" in line or "lifecycle" in line],
+        "problems": report.problems,
+    }
+
+
 #: What each step gives: train sums ``rank + 1`` over every rank (6), then over [0, 1] on
 #: those ranks (12); the weight transfer broadcasts rank 0's ``100``.
 STEP_RESULTS = {0: (12.0, 100.0), 1: (12.0, 100.0), 2: (6.0, 100.0)}
@@ -175,6 +187,11 @@ def _slime_default(ctx: Rank) -> dict[str, Any]:
         cycle=None if report is None else report.cycle,
         destroyed=None if report is None else sorted(report.destroy.groups),
     )
+    # The doctor runs while the groups are live (its mode section reads each group's backend).
+    actor.wake_up()
+    if ctx.rank == 0:
+        out["doctor"] = _doctor()
+    actor.sleep()
     out["misroute"] = _misroute(ctx, actor.pair)
     return out
 
@@ -222,6 +239,23 @@ def test_slime_destroyed_group_raises_and_never_runs_on_world_when_adopted() -> 
             assert misroute["tensor"] == float(rank + 1)
 
 
+def test_doctor_names_the_adopted_module_and_names() -> None:
+    doctor = _run(_slime_default)[0]["doctor"]
+    (seen,) = [s for s in doctor["adoption"]["seen"] if s["module"].startswith("slime.")]
+    assert seen["kept"] is None
+    assert set(seen["adopted"]) == {
+        "monkey_patch_torch_dist",
+        "register_default_process_group",
+        "destroy_process_groups",
+        "reload_process_groups",
+    }
+    assert seen["gloo_group_kept"] is True
+    text = "\n".join(doctor["lines"])
+    assert "slime.utils.reloadable_process_group: adopted" in text, text
+    assert "destroy_process_groups" in text
+    assert not [p for p in doctor["problems"] if "lifecycle" in p], doctor["problems"]
+
+
 # ---- 2. slime with SLIME_RELOADABLE_PG_ADOPT=0: the framework's own lifecycle ---------------
 
 
@@ -252,6 +286,8 @@ def _slime_kept(ctx: Rank) -> dict[str, Any]:
     # slime's own test of the module, run as it is written there: destroy, then reload.
     rpg.reload_process_groups()
     out["reloaded_live"] = all(g.group is not None for g in mine)
+    if ctx.rank == 0:
+        out["doctor"] = _doctor()
     dist.barrier()
     return out
 
@@ -291,6 +327,19 @@ def test_adopt_0_refuses_slimes_destroyed_group_instead_of_running_it_on_world()
             assert "of ranks [0, 1]" in text, text
             assert "torch.distributed.all_reduce()" in text, text
             assert misroute["tensor"] == float(rank + 1)
+
+
+def test_doctor_says_slime_keeps_its_lifecycle_and_that_suspend_would_never_run() -> None:
+    doctor = _run(_slime_kept, **{ADOPT: "0", MODE: "suspend"})[0]["doctor"]
+    (seen,) = [s for s in doctor["adoption"]["seen"] if s["module"].startswith("slime.")]
+    assert seen["adopted"] == []
+    assert f"{ADOPT}='0'" in seen["kept"]
+    assert seen["guarded"] is True
+    text = "\n".join(doctor["lines"])
+    assert "slime.utils.reloadable_process_group: its own lifecycle" in text, text
+    warned = [p for p in doctor["problems"] if "suspend" in p and "never" in p]
+    assert warned, doctor["problems"]
+    assert "slime.utils.reloadable_process_group" in warned[0]
 
 
 # ---- 3. slime in suspend mode on the stand-in -------------------------------------------------
