@@ -305,6 +305,7 @@ def guard_their_functions() -> list[str]:
     """
     import torch.distributed as dist
 
+    from .. import _originals
     from ..groups.unwrap import failed, failed_native, unwrap
     from .rule import function_group_params
     from .wrapgen import generate, is_generated
@@ -312,13 +313,16 @@ def guard_their_functions() -> list[str]:
     patch = patchset.current()
     if patch is None:
         return []
+    # torch's own functions, where torch defines them: the frameworks patch the namespace only,
+    # and a patch applied after theirs took their functions for the namespace's originals.
+    defined = _originals.snapshot()["c10d"]
     done = []
     with patchset.LOCK:
-        for name, original in patch.originals.items():
-            if name in patch.lifecycle or isinstance(original, type):
+        for name, current in list(vars(dist).items()):
+            original = defined.get(name)
+            if original is None or isinstance(original, type) or name in patch.lifecycle:
                 continue
-            current = vars(dist).get(name)
-            if current is None or current is original or current is patch.wrappers.get(name):
+            if current is original or current is patch.wrappers.get(name):
                 continue
             if not callable(current) or is_generated(current):
                 continue

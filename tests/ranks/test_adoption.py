@@ -610,3 +610,38 @@ def test_a_module_imported_before_an_explicit_patch_is_adopted_with_its_bindings
         "their_calls": [],
         "old_new_group": False,
     }
+
+
+def _patched_first(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    import torch
+    import torch.distributed as dist
+    from miles.backends.megatron_utils import actor
+    from miles.utils import reloadable_process_group as rpg
+
+    import reloadpg_autopatch as pkg
+
+    actor.monkey_patch_torch_dist()  # miles' own patch, before the package's
+    pkg.monkey_patch_torch_dist()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    destroyed = rpg.ReloadableProcessGroup(dist.new_group([0]), ([0],), {})
+    destroyed.group = None  # as miles' destroy leaves it
+    t = torch.tensor([1.0])
+    return {
+        "kept": [
+            getattr(actor, name) is getattr(rpg, name) is not getattr(pkg, name)
+            for name in ("destroy_process_groups", "reload_process_groups")
+        ],
+        "refused": _outcome(lambda: dist.all_reduce(t, group=destroyed))[0],
+    }
+
+
+def test_a_framework_whose_own_patch_ran_first_keeps_its_lifecycle() -> None:
+    """Gate off: miles' actor called its own ``monkey_patch_torch_dist()`` before the package's
+    explicit patch, so miles' groups exist, wrapped by its class: the module keeps its own
+    lifecycle (the actor's names stay miles'), and a destroyed miles wrapper is refused where
+    miles' function would run it on WORLD (here, a 1-rank WORLD, silently)."""
+    (out,) = run_ranks(_patched_first, 1, timeout=DEADLINE, env={"SLIME_RELOADABLE_PG": None})
+    assert out == {"kept": [True, True], "refused": "GroupDestroyedError"}
