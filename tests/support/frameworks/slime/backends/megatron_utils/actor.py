@@ -6,8 +6,9 @@ that binds the four lifecycle names at import, and the order ``init`` calls them
 the canonical Gloo group; ``register_default_process_group(timeout=...)`` unless
 ``SLIME_DESTROY_WORLD_PROCESS_GROUP`` is ``0``, ``false`` or ``no``; Megatron's groups; a first
 ``sleep()``), and the two destroy/reload pairs of each training step (``train`` wakes and sleeps,
-``update_weights`` reloads and destroys around the transfer). Training and the weight transfer
-are one collective each, whose results the tests check. Nothing here knows reloadpg_autopatch.
+``update_weights`` reloads and destroys around the transfer, and meets the other ranks on the
+Gloo group first). Training and the weight transfer are one collective each, whose results the
+tests check. Nothing here knows reloadpg_autopatch.
 """
 
 import os
@@ -71,10 +72,15 @@ class MegatronTrainRayActor:
         return value.item()
 
     def update_weights(self) -> float:
-        """The weight transfer: rank 0's value broadcast over every rank."""
+        """The weight transfer: rank 0's value broadcast over every rank, after rank 0's plan
+        has been broadcast over the Gloo group (an object collective, for which torch looks the
+        group up in its maps)."""
         if self.args.offload_train:
             reload_process_groups()
         dist.barrier(group=get_gloo_group())
+        plan = [{"from": dist.get_rank()}]
+        dist.broadcast_object_list(plan, src=0, group=get_gloo_group())
+        assert plan == [{"from": 0}], plan
         weights = torch.tensor([float(dist.get_rank() + 100)])
         dist.broadcast(weights, src=0, group=self.everyone)
         if self.args.offload_train:
