@@ -421,7 +421,18 @@ def _check_adoption(report: Report) -> None:
     report.problems.extend(bootstrap.adoption_problems())
     watched = _env.parse_adopt_modules(os.environ.get(_env.ADOPT_MODULES_ENV))[0]
     loaded = [name for name in watched if name in sys.modules]
-    report.adoption = {"variable": raw, "modules": list(watched), "seen": [], "callers": {}}
+    try:
+        on, problem = _env.parse_adopt(raw), None
+    except ValueError as error:
+        on, problem = False, str(error)
+    report.adoption = {
+        "variable": raw,
+        "on": on,
+        "problem": problem,
+        "modules": list(watched),
+        "seen": [],
+        "callers": {},
+    }
     if not report.torch.get("patched"):
         report.adoption["seen"] = [
             {"module": name, "adopted": [], "kept": "torch.distributed is not patched here"}
@@ -432,7 +443,7 @@ def _check_adoption(report: Report) -> None:
     from ..patching import adopt
 
     status = adopt.status()
-    report.adoption.update(on=status["on"], problem=status["problem"], seen=status["seen"])
+    report.adoption["seen"] = status["seen"]
     seen = {entry["module"] for entry in status["seen"]}
     for name in loaded:
         if name not in seen:
@@ -495,7 +506,7 @@ def _render_adoption(report: Report) -> list[str]:
     info = report.adoption
     if not info:
         return []
-    state = "off" if info.get("on") is False else "on"
+    state = "on" if info["on"] else "not understood, so off" if info["problem"] else "off"
     lines = [
         f"  adoption     {_env.ADOPT_ENV}={excerpt(info['variable'])} -> {state}; watching "
         + ", ".join(info["modules"])

@@ -253,7 +253,10 @@ def test_doctor_names_the_adopted_module_and_names() -> None:
     assert seen["gloo_group_kept"] is True
     text = "\n".join(doctor["lines"])
     assert "slime.utils.reloadable_process_group: adopted" in text, text
-    assert "destroy_process_groups" in text
+    (actor,) = [line for line in doctor["lines"] if "slime.backends.megatron_utils.actor:" in line]
+    assert actor.startswith("  lifecycle")
+    assert "destroy_process_groups" in actor
+    assert actor.endswith("-> reloadpg_autopatch"), actor
     assert not [p for p in doctor["problems"] if "lifecycle" in p], doctor["problems"]
 
 
@@ -338,6 +341,8 @@ def test_doctor_says_slime_keeps_its_lifecycle_and_that_suspend_would_never_run(
     assert seen["guarded"] is True
     text = "\n".join(doctor["lines"])
     assert "slime.utils.reloadable_process_group: its own lifecycle" in text, text
+    (actor,) = [line for line in doctor["lines"] if "slime.backends.megatron_utils.actor:" in line]
+    assert actor.endswith("-> slime.utils.reloadable_process_group"), actor
     warned = [p for p in doctor["problems"] if "suspend" in p and "never" in p]
     assert warned, doctor["problems"]
     assert "slime.utils.reloadable_process_group" in warned[0]

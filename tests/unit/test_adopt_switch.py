@@ -58,3 +58,25 @@ def test_start_up_reports_each_bad_adoption_value(monkeypatch) -> None:
     monkeypatch.delenv(_env.ADOPT_ENV)
     monkeypatch.delenv(_env.ADOPT_MODULES_ENV)
     assert bootstrap.adoption_problems() == []
+
+
+def test_the_doctor_reports_bad_values_and_a_framework_module_left_unpatched(monkeypatch) -> None:
+    """Without the patch (no torch needed): a bad switch value is a problem, and a framework's
+    lifecycle module imported here is listed as keeping its own lifecycle, and why."""
+    import sys
+    import types
+
+    from reloadpg_autopatch.tools import doctor
+
+    monkeypatch.setenv(_env.ADOPT_ENV, "maybe")
+    name = "slime.utils.reloadable_process_group"
+    monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    report = doctor.Report()
+    doctor._check_adoption(report)
+    assert any("'maybe'" in p for p in report.problems), report.problems
+    assert report.adoption["seen"] == [
+        {"module": name, "adopted": [], "kept": "torch.distributed is not patched here"}
+    ]
+    text = "\n".join(doctor._render_adoption(report))
+    assert f"{_env.ADOPT_ENV}='maybe' -> not understood, so off" in text, text
+    assert f"{name}: its own lifecycle (torch.distributed is not patched here)" in text, text
