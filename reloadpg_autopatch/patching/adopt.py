@@ -37,7 +37,6 @@ from datetime import timedelta
 from typing import Any
 
 from .. import _env
-from ..groups import lifecycle, world
 from ..groups.reloadable import ReloadableProcessGroup
 from . import patchset
 
@@ -107,6 +106,8 @@ def monkey_patch_torch_dist() -> None:
 
 def _registration_for(module: Any) -> Any:
     """The package's ``register_default_process_group``, keeping the module's Gloo group."""
+    from ..groups import world
+
     get_gloo = vars(module).get("get_gloo_group")
     set_gloo = vars(module).get("set_gloo_group")
     if not (callable(get_gloo) and callable(set_gloo)):
@@ -141,6 +142,8 @@ def _keep_gloo_group(name: str, get_gloo: Any, set_gloo: Any) -> None:
     """
     import torch.distributed as dist
 
+    from ..groups import world
+
     if not world.needs_swap():
         return  # WORLD is not torn down: a raw group made before registration survives
     current = get_gloo()
@@ -154,6 +157,10 @@ def _keep_gloo_group(name: str, get_gloo: Any, set_gloo: Any) -> None:
 
 
 def _ours(module: Any) -> dict[str, Any]:
+    # The lifecycle's modules load with the first module adopted, not with the patch (which
+    # runs inside ``import torch``), as they load with the first group (``factories``).
+    from ..groups import lifecycle
+
     return {
         "monkey_patch_torch_dist": monkey_patch_torch_dist,
         "register_default_process_group": _registration_for(module),
