@@ -531,7 +531,15 @@ def _orders(ctx: Rank) -> dict[str, Any]:
 
     import reloadpg_autopatch as pkg
 
-    out: dict[str, Any] = {}
+    # torch.distributed was patched in the warm parent, with no framework module loaded: the
+    # adoption, and the lifecycle it would bring, were left unloaded.
+    out: dict[str, Any] = {
+        "loaded_at_start": [
+            name
+            for name in ("reloadpg_autopatch.patching.adopt", "reloadpg_autopatch.groups.lifecycle")
+            if name in sys.modules
+        ]
+    }
     import slime.utils.reloadable_process_group as first
 
     out["before_megatron"] = first.destroy_process_groups is pkg.destroy_process_groups
@@ -569,9 +577,11 @@ def test_import_orders_and_a_module_the_variable_names() -> None:
     importing it, and miles' actor: each time the actor's and the module's names are the
     package's, and Megatron's bindings are the patched functions; a fork's module under a name
     of its own is adopted when ``SLIME_RELOADABLE_PG_ADOPT_MODULES`` names it (its own
-    functions then never run)."""
+    functions then never run). Before any of them, the patch loaded nothing of the adoption.
+    """
     (out,) = _run(_orders, 1, SLIME_RELOADABLE_PG_ADOPT_MODULES="forkrl.lifecycle")
     assert out == {
+        "loaded_at_start": [],
         "before_megatron": True,
         "megatron_bound_ours": True,
         "after_megatron": True,
