@@ -88,7 +88,9 @@ def test_bad_arguments_are_usage_errors(installed, args, message) -> None:
 def test_framework_demo_runs_an_unmodified_slime_shaped_actor_in_suspend_mode(
     installed, tmp_path
 ) -> None:
-    """``demo --framework slime``: two fresh ranks with the gate (start-up is what adopts the
+    """Over 10 s: two demos of two fresh ranks each (the JSON report, then the lines).
+
+    ``demo --framework slime``: two fresh ranks with the gate (start-up is what adopts the
     actor's lifecycle module, named in the variable) run two steps of the slime-shaped actor in
     suspend mode, by default, on CPU. Each rank checks its backends' own counts (each suspended
     and resumed twice a step, none created again) and raises otherwise; the report says the
