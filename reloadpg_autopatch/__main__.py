@@ -10,7 +10,7 @@ import json
 import sys
 
 from ._env import MODES
-from .tools.demo import MAX_WORLD_SIZE
+from .tools.demo import FRAMEWORKS, MAX_WORLD_SIZE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,15 +44,27 @@ def _parser() -> argparse.ArgumentParser:
         help=f"ranks, each a fresh interpreter here (default 4, at most {MAX_WORLD_SIZE})",
     )
     demo.add_argument(
-        "--cycles", type=int, default=3, metavar="K", help="destroy/reload cycles (default 3)"
+        "--cycles",
+        type=int,
+        default=3,
+        metavar="K",
+        help="destroy/reload cycles (default 3); with --framework, training steps of two each",
     )
     demo.add_argument("--backend", choices=("gloo", "nccl", "nccl2"), default="gloo")
     demo.add_argument(
         "--mode",
         choices=MODES,
-        default="wrapper",
+        default=None,
         help="how groups reload: behind a wrapper, in place (torch 2.14+), suspended (an NCCL "
-        "backend: a GPU), or the best each group allows (default wrapper)",
+        "backend: a GPU), or the best each group allows (default wrapper; with --framework, "
+        "suspend)",
+    )
+    demo.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default=None,
+        help="run an unmodified actor-shaped program of this framework instead, its lifecycle "
+        "adopted, on a CPU model of NCCL's suspend",
     )
     demo.add_argument(
         "--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default: a free one)"
@@ -89,11 +101,18 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--port must be 0 (any free port) or 1-65535, got {args.port}")
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
-    if args.mode == "suspend" and args.backend == "gloo":
+    if args.mode is None:
+        args.mode = "suspend" if args.framework else "wrapper"
+    if args.framework and args.backend != "gloo":
+        parser.error("--framework runs on CPU (a CPU model of NCCL's suspend): leave --backend out")
+    if args.framework and args.inject_failure is not None:
+        parser.error("--inject-failure is for the default demo, not --framework")
+    if args.mode == "suspend" and args.backend == "gloo" and not args.framework:
         parser.error(
             "--mode suspend needs an accelerator backend that can suspend (--backend nccl or "
             "nccl2, on a GPU): gloo holds no accelerator memory, so there is nothing to suspend; "
-            "on CPU use --mode wrapper, native or auto"
+            "on CPU use --mode wrapper, native or auto, or --framework slime, which runs on a "
+            "CPU model of NCCL's suspend"
         )
     if args.inject_failure is not None and not 0 <= args.inject_failure < args.world_size:
         parser.error(f"--inject-failure must name a rank from 0 to {args.world_size - 1}")
@@ -109,10 +128,20 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    from .tools.demo import run_demo
+    from .tools.demo import run_demo, run_framework_demo
     from .tools.launch import PortInUse
 
     try:
+        if args.framework:
+            return run_framework_demo(
+                args.framework,
+                args.world_size,
+                args.cycles,
+                args.mode,
+                port=args.port,
+                timeout=args.timeout,
+                as_json=args.json,
+            )
         return run_demo(
             args.world_size,
             args.cycles,

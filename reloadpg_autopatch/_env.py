@@ -27,6 +27,11 @@ EVERY_CALL_ENV = "SLIME_RELOADABLE_PG_MEMORY_GUARD_EVERY_CALL"
 SUSPEND_TIMEOUT_ENV = "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT"
 #: Testing only: ``patch`` makes the patch raise, to check that nothing breaks.
 FAIL_ENV = "SLIME_RELOADABLE_PG_INJECT_FAILURE"
+#: Adopt a framework's lifecycle module (its names point at this package's lifecycle): on by
+#: default wherever the package patches; an ``OFF_VALUES`` value keeps the framework's own.
+ADOPT_ENV = "SLIME_RELOADABLE_PG_ADOPT"
+#: More lifecycle modules to adopt, comma-separated, beside ``ADOPT_MODULES``.
+ADOPT_MODULES_ENV = "SLIME_RELOADABLE_PG_ADOPT_MODULES"
 
 #: Every variable above, for tools that list or clear them.
 VARIABLES = (
@@ -38,6 +43,8 @@ VARIABLES = (
     EVERY_CALL_ENV,
     SUSPEND_TIMEOUT_ENV,
     FAIL_ENV,
+    ADOPT_ENV,
+    ADOPT_MODULES_ENV,
 )
 
 # Gate values, compared after ``strip().lower()``; anything else is reported and means off.
@@ -47,6 +54,20 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MODES = ("wrapper", "native", "suspend", "auto")
 
 DEFAULT_PREFIXES: tuple[str, ...] = ("megatron",)
+
+#: The frameworks' lifecycle modules adopted by default: slime's, miles' and vime's.
+ADOPT_MODULES: tuple[str, ...] = (
+    "slime.utils.reloadable_process_group",
+    "miles.utils.reloadable_process_group",
+    "vime.utils.reloadable_process_group",
+)
+#: The lifecycle names adoption points at this package's own, where the module defines them.
+ADOPTED_NAMES: tuple[str, ...] = (
+    "monkey_patch_torch_dist",
+    "register_default_process_group",
+    "destroy_process_groups",
+    "reload_process_groups",
+)
 
 #: How much of a user's value a report quotes: enough to recognise it, short enough for a line.
 EXCERPT_CHARS = 60
@@ -119,3 +140,40 @@ def parse_prefixes(prefixes: "str | Iterable[str] | None") -> tuple[str, ...]:
     if not out:
         raise ValueError("rebind prefixes are empty; use module names such as 'megatron', or '*'")
     return tuple(out)
+
+
+def parse_adopt(raw: "str | None") -> bool:
+    """``SLIME_RELOADABLE_PG_ADOPT``: True (adopt; also unset or empty) or False (keep the
+    framework's own lifecycle). ``ValueError`` names what is accepted."""
+    value = (raw or "").strip().lower()
+    if not value or value in ON_VALUES:
+        return True
+    if value in OFF_VALUES:
+        return False
+    raise ValueError(
+        f"{ADOPT_ENV}={excerpt(raw)} is not understood, so no framework's lifecycle is adopted "
+        f"(each keeps its own); use one of {', '.join(ON_VALUES)} (or unset: adopt, the "
+        f"default) or {', '.join(OFF_VALUES[1:])} (keep the framework's own)"
+    )
+
+
+def parse_adopt_modules(raw: "str | None") -> tuple[tuple[str, ...], list[str]]:
+    """``SLIME_RELOADABLE_PG_ADOPT_MODULES``: ``(modules to adopt, problems)``.
+
+    The modules are ``ADOPT_MODULES`` and the valid names the value adds; each name that is not
+    a dotted module name is a problem, left out, while the others still count.
+    """
+    modules = list(ADOPT_MODULES)
+    problems = []
+    for item in (raw or "").split(","):
+        name = item.strip()
+        if not name:
+            continue
+        if not all(part.isidentifier() for part in name.split(".")):
+            problems.append(
+                f"{ADOPT_MODULES_ENV}: {excerpt(name)} is not a module name, so it is left out; "
+                "use dotted names such as 'myfork.utils.reloadable_process_group'"
+            )
+        elif name not in modules:
+            modules.append(name)
+    return tuple(modules), problems

@@ -11,6 +11,8 @@ import os
 import sys
 
 from .._env import (
+    ADOPT_ENV,
+    ADOPT_MODULES_ENV,
     GATE,
     LOG_ENV,
     LOG_LEVELS,
@@ -20,6 +22,8 @@ from .._env import (
     ON_VALUES,
     REBIND_ENV,
     excerpt,
+    parse_adopt,
+    parse_adopt_modules,
     parse_prefixes,
 )
 
@@ -182,6 +186,33 @@ def _watch_rebind_prefixes() -> None:
     finder.watch(items, _rebind_on_import)
 
 
+def adoption_problems() -> list[str]:
+    """What is wrong with ``SLIME_RELOADABLE_PG_ADOPT`` and ``..._ADOPT_MODULES``, a line each."""
+    problems = []
+    try:
+        parse_adopt(os.environ.get(ADOPT_ENV))
+    except ValueError as error:
+        problems.append(str(error))
+    return problems + parse_adopt_modules(os.environ.get(ADOPT_MODULES_ENV))[1]
+
+
+def _adopt_on_import(module: object) -> None:
+    """A framework's lifecycle module has executed: adopt it before anyone imports from it."""
+    if "reloadpg_autopatch.patching.patchset" not in sys.modules:
+        return  # not patched yet: the patch adopts every such module already loaded
+    from ..patching import adopt
+
+    adopt.on_import(module)
+
+
+def _watch_adoption() -> None:
+    """The frameworks' lifecycle modules are handed to the adoption as each finishes importing
+    (adopted, or kept and guarded when the switch is off)."""
+    from . import finder
+
+    finder.watch(parse_adopt_modules(os.environ.get(ADOPT_MODULES_ENV))[0], _adopt_on_import)
+
+
 def activate(source: str) -> None:
     """Patch ``torch.distributed`` as soon as it is imported (at once if it already is).
 
@@ -196,7 +227,10 @@ def activate(source: str) -> None:
     problem = reload_mode_problem()
     if problem is not None:
         warn_once("mode", problem)
+    for number, problem in enumerate(adoption_problems()):
+        warn_once(f"adopt-{number}", problem)
     _watch_rebind_prefixes()
+    _watch_adoption()
     module = sys.modules.get("torch.distributed")
     if module is not None and getattr(module, "__spec__", None) is not None:
         patch_now()

@@ -65,14 +65,38 @@ def _unwrap_nested(group: Any) -> Any:
             return group.live(what)
         inner = getattr(group, "group", _MISSING)
         if inner is None:
-            raise GroupDestroyedError(
-                f"{cls.__name__} {group!r} has no native group (its .group is None): it "
-                "was destroyed; reload it before passing it to torch.distributed"
-            )
+            raise GroupDestroyedError(_foreign_destroyed(group, _patched_caller()))
         if inner is group or not isinstance(inner, _Native):
             return group
         group = inner
     raise ReloadPGError(f"process group wrappers nest deeper than {_MAX_DEPTH} levels")
+
+
+def _foreign_ranks(group: Any) -> Any:
+    """The ranks a foreign wrapper was created with, read from its own attributes (slime's
+    ``group_info``, miles' ``inner_args``/``inner_kwargs``), never through its ``__getattr__``."""
+    own = getattr(group, "__dict__", None) or {}
+    info = own.get("group_info")
+    if isinstance(info, dict) and info.get("ranks") is not None:
+        return info["ranks"]
+    args, kwargs = own.get("inner_args") or (), own.get("inner_kwargs") or {}
+    if isinstance(kwargs, dict) and kwargs.get("ranks") is not None:
+        return kwargs["ranks"]
+    return args[0] if isinstance(args, (tuple, list)) and args else None
+
+
+def _foreign_destroyed(group: Any, call: str | None) -> str:
+    """The refusal of a foreign wrapper whose ``.group`` is None: the group, the call, the fix."""
+    cls = type(group)
+    what = f"{cls.__module__}.{cls.__qualname__}"
+    ranks = _foreign_ranks(group)
+    what += f" of ranks {list(ranks)!r}" if isinstance(ranks, (list, tuple, range)) else ""
+    return (
+        f"{what} (at {id(group):#x}) was passed to {call or 'torch.distributed'} with no "
+        "native group: its .group is None, because its framework destroyed it. torch would "
+        "read None as the default group and run the call on WORLD; call the framework's "
+        "reload_process_groups() before using the group"
+    )
 
 
 def _patched_caller() -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -163,3 +164,17 @@ def patch(
     changed = sweep.rebind(prefixes)
     if changed:
         logger.info("rebound %d stale references to torch.distributed functions", len(changed))
+    _adopt_loaded()
+
+
+def _adopt_loaded() -> None:
+    """Adopt the frameworks' lifecycle modules imported before the patch (``adopt``)."""
+    names = _env.parse_adopt_modules(os.environ.get(_env.ADOPT_MODULES_ENV))[0]
+    if not any(name in sys.modules for name in names):
+        return  # the usual case at start-up: nothing to adopt, nothing more to import
+    from . import adopt
+
+    try:
+        adopt.adopt_loaded()
+    except Exception as error:  # the patch stands; the framework keeps its own lifecycle
+        logger.warning("adopting the frameworks' lifecycle modules failed: %s", error)

@@ -8,6 +8,7 @@ example inside the Ray ``runtime_env`` or the training image.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import site
 import sys
@@ -42,6 +43,8 @@ class Report:
     fidelity: dict[str, Any] = field(default_factory=dict)
     #: The memory guard, the reload hooks and the last cycle report of this process.
     cycle: dict[str, Any] = field(default_factory=dict)
+    #: Which lifecycle the frameworks' calls reach: each lifecycle module, adopted or its own.
+    adoption: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -385,6 +388,130 @@ def _check_cycle(report: Report) -> None:
     }
 
 
+def _check_adoption(report: Report) -> None:
+    """Which lifecycle the program's calls reach: for each framework's lifecycle module imported
+    here, adopted (its names call the package's) or its own, and why; which modules bind the
+    lifecycle names, and to whose; and a mode that would never run because a framework keeps
+    its own lifecycle."""
+    raw = os.environ.get(_env.ADOPT_ENV)
+    report.options[_env.ADOPT_ENV] = raw
+    report.options[_env.ADOPT_MODULES_ENV] = os.environ.get(_env.ADOPT_MODULES_ENV)
+    report.problems.extend(bootstrap.adoption_problems())
+    watched = _env.parse_adopt_modules(os.environ.get(_env.ADOPT_MODULES_ENV))[0]
+    loaded = [name for name in watched if name in sys.modules]
+    try:
+        on, problem = _env.parse_adopt(raw), None
+    except ValueError as error:
+        on, problem = False, str(error)
+    report.adoption = {
+        "variable": raw,
+        "on": on,
+        "problem": problem,
+        "modules": list(watched),
+        "seen": [],
+        "callers": {},
+    }
+    if not report.torch.get("patched"):
+        report.adoption["seen"] = [
+            {"module": name, "adopted": [], "kept": "torch.distributed is not patched here"}
+            for name in loaded
+        ]
+        return
+    from ..groups import mode
+    from ..patching import adopt
+
+    status = adopt.status()
+    report.adoption["seen"] = status["seen"]
+    seen = {entry["module"] for entry in status["seen"]}
+    for name in loaded:
+        if name not in seen:
+            report.adoption["seen"].append(
+                {"module": name, "adopted": [], "kept": "not handed to the adoption yet"}
+            )
+    report.adoption["callers"] = _lifecycle_callers(seen)
+    chosen = mode.get_reload_mode()
+    kept = [entry for entry in report.adoption["seen"] if entry["kept"]]
+    if chosen != "wrapper":
+        for entry in kept:
+            report.problems.append(
+                f"{_env.MODE_ENV}={chosen} is chosen, but {entry['module']} keeps its own "
+                f"lifecycle ({entry['kept']}): its destroy_process_groups() and "
+                f"reload_process_groups() never reach this package, so the {chosen} mode would "
+                f"never run; let the package adopt it (unset {_env.ADOPT_ENV}) or use wrapper"
+            )
+
+
+def _lifecycle_callers(frameworks: set[str]) -> dict[str, dict[str, str]]:
+    """Modules that hold a lifecycle name, and whose function each one is (ours or a
+    framework's): the names an actor bound at import decide where its calls go."""
+    from ..groups import lifecycle
+    from ..groups.world import registration as world
+    from ..patching import adopt
+
+    ours = {
+        id(f): f
+        for f in (
+            lifecycle.destroy_process_groups,
+            lifecycle.reload_process_groups,
+            world.register_default_process_group,
+            adopt.monkey_patch_torch_dist,
+        )
+    }
+    out: dict[str, dict[str, str]] = {}
+    for module_name, module in list(sys.modules.items()):
+        if module_name.split(".", 1)[0] in ("reloadpg_autopatch", "torch"):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if type(namespace) is not dict:
+            continue
+        for name in _env.ADOPTED_NAMES:
+            value = namespace.get(name)
+            if value is None or not callable(value):
+                continue
+            home = getattr(value, "__module__", None)
+            try:
+                inner = inspect.unwrap(value)
+            except ValueError:
+                inner = value
+            if ours.get(id(value)) is value or ours.get(id(inner)) is inner:
+                out.setdefault(module_name, {})[name] = "reloadpg_autopatch"
+            elif home in frameworks:
+                out.setdefault(module_name, {})[name] = str(home)
+    return out
+
+
+def _render_adoption(report: Report) -> list[str]:
+    """The doctor's lines on adoption (see ``_check_adoption``)."""
+    info = report.adoption
+    if not info:
+        return []
+    state = "on" if info["on"] else "not understood, so off" if info["problem"] else "off"
+    lines = [
+        f"  adoption     {_env.ADOPT_ENV}={excerpt(info['variable'])} -> {state}; watching "
+        + ", ".join(info["modules"])
+    ]
+    if not info["seen"]:
+        lines.append("                 no framework lifecycle module is imported in this process")
+    for entry in info["seen"]:
+        if entry["kept"] is None:
+            lines.append(
+                f"                 {entry['module']}: adopted ({', '.join(entry['adopted'])} "
+                "call reloadpg_autopatch's lifecycle)"
+            )
+        else:
+            guarded = "; its destroyed groups are refused" if entry.get("guarded") else ""
+            lines.append(
+                f"                 {entry['module']}: its own lifecycle ({entry['kept']}){guarded}"
+            )
+    for module_name, names in sorted(info["callers"].items()):
+        by_owner: dict[str, list[str]] = {}
+        for name, owner in names.items():
+            by_owner.setdefault(owner, []).append(name)
+        reached = "; ".join(f"{', '.join(n)} -> {owner}" for owner, n in by_owner.items())
+        lines.append(f"  lifecycle    {module_name}: {reached}")
+    return lines
+
+
 def _torch_absent(report: Report) -> None:
     """No torch here: nothing to patch, which is healthy unless the gate asks for the patch."""
     report.torch["installed"] = False
@@ -408,6 +535,7 @@ def diagnose(imports: list[str] | None = None) -> Report:
     _check_install(report)
     _check_gate(report)
     _check_torch(report, list(imports or []))
+    _check_adoption(report)
     return report
 
 
@@ -532,6 +660,7 @@ def render(report: Report) -> str:
             lines.append(
                 textwrap.fill(text, 96, initial_indent=" " * 17, subsequent_indent=" " * 19)
             )
+    lines.extend(_render_adoption(report))
     for note in report.notes:
         lines.append(f"  note         {note}")
     for problem in report.problems:

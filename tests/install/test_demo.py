@@ -75,12 +75,55 @@ def test_json_report_and_plain_torch_groups_without_megatron(installed, tmp_path
         (("--cycles", "-1"), "--cycles must be 0 or more"),
         (("--port", "70000"), "--port must be 0"),
         (("--world-size", "two"), "invalid int value"),
+        (("--framework", "slime", "--backend", "nccl"), "--framework runs on CPU"),
+        (("--framework", "miles"), "invalid choice: 'miles'"),
     ],
 )
 def test_bad_arguments_are_usage_errors(installed, args, message) -> None:
     proc = demo(installed, *args)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_framework_demo_runs_an_unmodified_slime_shaped_actor_in_suspend_mode(
+    installed, tmp_path
+) -> None:
+    """Over 10 s: two demos of two fresh ranks each (the JSON report, then the lines).
+
+    ``demo --framework slime``: two fresh ranks with the gate (start-up is what adopts the
+    actor's lifecycle module, named in the variable) run two steps of the slime-shaped actor in
+    suspend mode, by default, on CPU. Each rank checks its backends' own counts (each suspended
+    and resumed twice a step, none created again) and raises otherwise; the report says the
+    module was adopted, the package counted every cycle, and the actor's class held nothing."""
+    proc = demo(installed, "--framework", "slime", "--world-size", "2", "--cycles", "2", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True, report
+    assert report["mode"] == "suspend"
+    assert report["setup"]["adoption"] == {
+        "adopted": [
+            "monkey_patch_torch_dist",
+            "register_default_process_group",
+            "destroy_process_groups",
+            "reload_process_groups",
+        ],
+        "kept": None,
+    }
+    for number, step in enumerate(report["steps"], start=1):
+        assert step["step"] == number
+        assert step["trained"] == [6.0, 6.0]  # 1 + 2 over both ranks, then over the pair
+        assert step["weights"] == 100.0
+        assert step["suspended"] == 3  # WORLD, the pair, data parallel
+        assert step["created"] == 0
+        assert step["their_groups"] == 0
+        assert step["cycles"] == 1 + 2 * number  # init's sleep, then two per step
+    text = demo(installed, "--framework", "slime", "--world-size", "2", "--cycles", "1")
+    assert text.returncode == 0, text.stdout + text.stderr
+    lines = text.stdout.splitlines()
+    assert "adopted: monkey_patch_torch_dist, register_default_process_group" in lines[1]
+    assert lines[2].startswith("step 1/1: train and update_weights (2 destroy/reload pairs)")
+    assert lines[-1].startswith("verdict: OK - 2 ranks ran 1 step")
+    assert "suspend mode" in lines[-1]
 
 
 def test_a_taken_port_is_reported_as_such(installed) -> None:
