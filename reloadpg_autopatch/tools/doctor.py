@@ -230,6 +230,7 @@ def _check_mode(report: Report) -> None:
 
     from ..groups import lifecycle, mode
     from ..groups.ways import inplace, suspend
+    from ..groups.ways.wrapper import ReloadableProcessGroup
 
     chosen = mode.get_reload_mode()
     backends: dict[str, str] = {}
@@ -237,10 +238,11 @@ def _check_mode(report: Report) -> None:
     held += lifecycle.reloadable_groups()
     for each in held:
         # The native group, also behind a wrapper that sleeps (its record keeps it).
-        group = getattr(each, "group", None) or getattr(
-            getattr(each, "_record", None), "native", None
-        )
-        group = group if group is not None else each
+        group = each
+        if isinstance(each, ReloadableProcessGroup):
+            group = each.group or each._record.native
+        if group is None:
+            continue  # destroyed behind its wrapper: no backend to ask until the reload
         try:
             name = str(dist.get_backend(group))
         except Exception:  # torch no longer knows it (its WORLD ended): its C++ name

@@ -992,9 +992,11 @@ def _doctor_in_a_live_rank(ctx: Rank) -> dict:
     rpg.add_reload_hook(after_reload=lambda groups: None, name="restore pools")
     rpg.set_memory_guard(1.5)
     rpg.destroy_process_groups()
+    asleep = doctor.diagnose()  # the group has no communicator now
     rpg.reload_process_groups()
     after = doctor.diagnose()
     return {
+        "asleep": asleep.fidelity["mode"]["backends"],
         "before": before.cycle,
         "after": after.cycle,
         "text": doctor.render(after),
@@ -1008,6 +1010,7 @@ def test_doctor_in_a_live_rank_shows_the_guard_the_hooks_and_the_last_cycle() ->
     settings, the hooks registered, and the last cycle's report (none before the first)."""
     for report in run_ranks(_doctor_in_a_live_rank, 2, timeout=90, env=GATE):
         assert report["sum"] == 2.0
+        assert report["asleep"] == {"gloo": "behind a wrapper (the mode is wrapper)"}
         assert report["before"]["last"] is None
         assert report["before"]["hooks"] == []
         after = report["after"]
