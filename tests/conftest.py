@@ -143,12 +143,8 @@ def one_ray_cluster_at_a_time(monkeypatch):
     long for a socket, so the cluster goes to ``/tmp/ray`` (``RAY_TMPDIR``), where the lock
     lives too.
     """
-    import fcntl
+    from tests.support.locks import machine_lock
 
     monkeypatch.setenv("RAY_TMPDIR", "/tmp")
-    with open("/tmp/reloadpg_autopatch-tests-ray.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with machine_lock("ray"):
+        yield

@@ -15,6 +15,7 @@ copy. ``Venv.install`` installs exactly the artifact it is given and checks wher
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support import ROOT
+from tests.support.locks import machine_lock
 
 # Every stderr line this package writes starts with its name; site reports a failing .pth line
 # and an uncaught error starts a traceback. Anything else (torch's CUDA build logs "No CUDA
@@ -104,7 +106,9 @@ class Venv:
         ``target`` when editable), as installed from ``target``.
         """
         flags = ["--no-deps", "--ignore-installed", *(["--editable"] if editable else [])]
-        self.pip("install", *flags, str(target))
+        # A source tree is built where it lies (its egg-info written there): one at a time.
+        with machine_lock("build") if Path(target).is_dir() else contextlib.nullcontext():
+            self.pip("install", *flags, str(target))
         found = self.script(_WHERE)
         home = Path(target).resolve() if editable else self.purelib
         expected = {
@@ -169,14 +173,19 @@ def make_venv(root: Path, *, reuse_test_packages: bool = True, outer: Path | Non
 
 
 def build(out: Path, *flags: str) -> list[Path]:
-    """``python -m build`` this checkout into ``out`` (isolated, as pip and CI build it)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "build", *flags, "--outdir", str(out), str(ROOT)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    """``python -m build`` this checkout into ``out`` (isolated, as pip and CI build it).
+
+    One build of the checkout at a time on the machine: setuptools writes its egg-info into
+    the source tree, which the other test lane may be building at the same moment.
+    """
+    with machine_lock("build"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "build", *flags, "--outdir", str(out), str(ROOT)],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     if proc.returncode != 0:
         raise AssertionError(f"python -m build failed:\n{proc.stdout}\n{proc.stderr}")
     return sorted(out.iterdir())
