@@ -15,7 +15,6 @@ from typing import Any
 from . import process, registry
 from .creation import create
 from .destroy import destroy_process_groups
-from .record import State
 from .release import release
 from .reload import reload_process_groups
 from .report import CycleReport
@@ -44,13 +43,7 @@ def reloadable_groups() -> list[Any]:
 
     Wrappers, and in native mode torch's own groups.
     """
-    out = []
-    for record in registry.members():
-        held = record.held
-        live = record.state in (State.LIVE, State.DESTROYED)
-        if record.way.program_group and held is not None and live:
-            out.append(held)
-    return out
+    return [record.held for record in registry.members() if record.way.listed(record)]
 
 
 def last_cycle_report() -> CycleReport | None:

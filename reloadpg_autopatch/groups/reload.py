@@ -170,8 +170,8 @@ def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
                     getattr(record.way, EXECUTE[step])(record, run)
             else:
                 getattr(record.way, EXECUTE[step])(record, run)
-        if step in TIMED and record.way.program_group:
-            run.part.creations[str(record.name)] = (time.perf_counter() - begun) * 1e3
+        if step in TIMED:
+            record.way.timed(run, record, (time.perf_counter() - begun) * 1e3)
     if run.agreed.takes_part:
         # gloo closes a group's sockets when it is destroyed: a peer still finishing its
         # side of the handshake would see "Connection closed by peer". Every rank has

@@ -44,9 +44,6 @@ class Way:
     in_place: ClassVar[bool] = False
     #: It answers at the destroy's agreement whether it can suspend.
     suspends: ClassVar[bool] = False
-    #: A group the program made: listed by ``reloadable_groups()`` and named in the report's
-    #: per-outcome lists (WORLD's ways are not).
-    program_group: ClassVar[bool] = True
 
     def __repr__(self) -> str:
         return f"<way {self.name}>"
@@ -225,10 +222,16 @@ class Way:
         return "destroy" if isinstance(step, DestroyStep) else "creations"
 
     def note(self, run: DestroyRun | ReloadRun, outcome: str, record: Record) -> None:
-        """Name the group under ``outcome`` in the step's report (a group the program made)."""
-        if not self.program_group:
-            return
+        """Name the group under ``outcome`` in the step's report."""
         if isinstance(run, DestroyRun):
             run.destroyed.append(str(record.name))
         else:
             run.names[outcome].append(str(record.name))
+
+    def timed(self, run: ReloadRun, record: Record, milliseconds: float) -> None:
+        """What a creation (or a rebuild) of the group took, in the step's report."""
+        run.part.creations[str(record.name)] = milliseconds
+
+    def listed(self, record: Record) -> bool:
+        """Whether ``reloadable_groups()`` lists it: a group the program holds, awake or not."""
+        return record.held is not None and record.state in (State.LIVE, State.DESTROYED)

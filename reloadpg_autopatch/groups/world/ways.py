@@ -31,9 +31,17 @@ from . import swap
 
 
 class _World:
-    """What WORLD is, whichever way it takes."""
+    """What WORLD is, whichever way it takes: no group of the program's (not listed, not named
+    in the report's per-group outcomes)."""
 
-    program_group: ClassVar[bool] = False
+    def note(self, run: DestroyRun | ReloadRun, outcome: str, record: Record) -> None:
+        pass
+
+    def timed(self, run: ReloadRun, record: Record, milliseconds: float) -> None:
+        pass
+
+    def listed(self, record: Record) -> bool:
+        return False
 
     def label(self, record: Record) -> str:
         return "WORLD"
