@@ -84,6 +84,7 @@ def test_processing_the_pth_twice_activates_once(installed) -> None:
 @pytest.mark.startup
 @pytest.mark.parametrize("broken", ["missing", "raises", "syntax"])
 def test_a_broken_package_never_stops_the_interpreter(tmp_path, broken) -> None:
+    """A venv of its own, whose copy of the package the test breaks."""
     venv = make_venv(tmp_path / "broken", reuse_test_packages=False)
     (venv.purelib / "reloadpg_autopatch.pth").write_text(
         (ROOT / "reloadpg_autopatch.pth").read_text()

@@ -65,6 +65,8 @@ def check_uninstalled(venv: Venv, probe: str = PROBE) -> None:
 
 
 def test_wheel_install_and_uninstall(tmp_path) -> None:
+    """pip installs the source tree as a wheel, then uninstalls it: a venv of its own, which
+    the uninstall changes."""
     venv = make_venv(tmp_path / "wheel")
     venv.install(ROOT)
     check_installed(venv)
@@ -72,6 +74,8 @@ def test_wheel_install_and_uninstall(tmp_path) -> None:
 
 
 def test_editable_install_and_uninstall(tmp_path) -> None:
+    """An editable install, then its uninstall: a venv of its own, which the uninstall
+    changes."""
     venv = make_venv(tmp_path / "editable")
     venv.install(ROOT, editable=True)
     assert any(p.name.startswith("__editable__") for p in venv.purelib.iterdir())
@@ -108,6 +112,7 @@ print(json.dumps(out))
 
 @pytest.mark.startup
 def test_wheel_installs_and_starts_up_without_torch(built, tmp_path) -> None:
+    """A venv of its own, without torch and then uninstalled (the session's venvs keep torch)."""
     # Built by this test run's Python, which in the start-up lanes is 3.10, 3.12 or 3.13.
     venv = make_venv(tmp_path / "no-torch", reuse_test_packages=False)
     venv.install(built["wheel"])
@@ -166,6 +171,7 @@ def outer_with_the_package(built, tmp_path_factory) -> Venv:
 def test_a_venv_gets_exactly_the_artifact_whatever_is_installed_around_it(
     artifact, built, outer_with_the_package, tmp_path
 ) -> None:
+    # A venv of its own, around which an outer copy of the package is installed.
     # pip, asked for a wheel of a version the environment around already holds, says "already
     # installed with the same version" and installs nothing; an editable copy comes after the
     # outer site-packages on sys.path. Either way the venv would test the outer copy.

@@ -90,3 +90,21 @@ def test_a_ranks_exit_runs_its_atexit_callbacks(fresh: bool, tmp_path: Path) -> 
     while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exit-0", "exit-1"]
+
+
+def _origin(ctx: Rank) -> dict:
+    import sys
+
+    return {"torch": "torch" in sys.modules, "parent": os.getppid()}
+
+
+def test_by_default_ranks_are_forked_from_one_warm_parent_that_imported_torch() -> None:
+    env = {"HARNESS_PROBE": "warm"}
+    first = run_ranks(_origin, 2, env=env)
+    again = run_ranks(_origin, 2, env=env)
+    assert all(r["torch"] for r in first + again)  # before the rank imported anything
+    parents = {r["parent"] for r in first + again}
+    assert len(parents) == 1  # one parent served both runs
+    assert parents != {os.getpid()}
+    spawned = run_ranks(_origin, 1, env=env, fresh=True)
+    assert spawned[0]["torch"] is False

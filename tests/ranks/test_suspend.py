@@ -987,7 +987,8 @@ def _watchdog_run(
 ) -> list[dict[str, Any]]:
     """Start two ranks of ``programs/suspend_watchdog.py`` on a TCPStore of this process; wait
     for both to end (killing them at ``deadline``); return each one's status, stderr, and the
-    seconds from its last MARK to its end."""
+    seconds from its last MARK to its end. Subprocesses, not ``run_ranks``: the watchdog ends
+    the process with SIGABRT and its stacks on stderr, which is what the test reads."""
     import torch.distributed as dist
 
     server = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False)

@@ -155,3 +155,34 @@ def test_ranks_wait_for_each_other_up_to_worlds_own_timeout() -> None:
     error, waited = run_ranks(_peer_never_reloads, 2, timeout=40)[0]
     assert "ranks 1" in error, error
     assert 2.5 <= waited < 20, waited
+
+
+def _registered_after_a_group(ctx: Rank) -> dict:
+    import torch
+
+    import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.groups import destroy, process, registry
+
+    dist = ctx.begin()
+    group = dist.new_group([0, 1])  # made before WORLD is registered
+    rpg.register_default_process_group(accelerator_backends=("gloo",))
+    first = registry.records()[0]
+    hooked = destroy.concerned(process.current())
+    rpg.destroy_process_groups()
+    rpg.reload_process_groups()
+    t = torch.ones(1)
+    dist.all_reduce(t, group=group)
+    return {
+        "first": first.way.describe(first, [0, 1]),
+        "hooked_first": hooked[0] is dist.group.WORLD,
+        "sum": t.item(),
+    }
+
+
+def test_world_registered_after_a_group_is_still_the_first_record() -> None:
+    """WORLD is the first record wherever its registration comes: destroy's hooks get it first,
+    and its swap (last in a destroy, first in a reload) leaves the earlier group working."""
+    for report in run_ranks(_registered_after_a_group, 2, env={"SLIME_RELOADABLE_PG": "1"}):
+        assert report["first"] == "WORLD (ranks [0, 1])"
+        assert report["hooked_first"]
+        assert report["sum"] == 2.0

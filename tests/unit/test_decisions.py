@@ -263,3 +263,97 @@ def test_keys_come_from_the_cycle_and_the_step_only() -> None:
     fresh.cycle = 3
     keys.add(fresh.key("destroy", "world", "gloo"))
     assert len(keys) == 4, keys
+
+
+# ---- WORLD's ways: the same table, but for what WORLD is --------------------------------------
+
+from reloadpg_autopatch.groups.world import ways as world_ways  # noqa: E402
+
+#: Each of WORLD's ways and the group way whose table it follows.
+WORLD_AS = {
+    world_ways.SWAP: Way.WRAPPER,
+    world_ways.IN_PLACE: Way.IN_PLACE,
+    world_ways.SUSPEND: Way.SUSPEND,
+    world_ways.SUSPEND_WRAPPED: Way.SUSPEND_WRAPPED,
+}
+
+
+def expected_world_destroy(f: DestroyFacts) -> DestroyStep:
+    """As its group way, except that WORLD is never destroyed by a suspend's fallback (it stays
+    awake, resident): nothing can stand in for WORLD while it would be re-created."""
+    step = expected_destroy(f._replace(way=WORLD_AS[f.way]))
+    if f.way is world_ways.SUSPEND_WRAPPED and step is DestroyStep.FREE_WRAPPED:
+        return DestroyStep.KEEP_RESIDENT
+    return step
+
+
+def expected_world_reload(f: ReloadFacts) -> ReloadStep:
+    """As its group way, except that a live swapped WORLD has nothing to do at a reload (it
+    is what restores WORLD: nothing tore it down)."""
+    if f.way is world_ways.SWAP and f.state is State.LIVE:
+        return ReloadStep.NOTHING
+    return expected_reload(f._replace(way=WORLD_AS[f.way]))
+
+
+def test_worlds_ways_take_the_documented_steps() -> None:
+    world = list(WORLD_AS)
+    destroys = [DestroyFacts(*c) for c in itertools.product(State, world, BOOLS, VERDICTS)]
+    reloads = [
+        ReloadFacts(*c) for c in itertools.product(State, world, BOOLS, BOOLS, BOOLS, BOOLS, BOOLS)
+    ]
+    assert _mismatches(destroy_step, expected_world_destroy, destroys) == []
+    assert _mismatches(reload_step, expected_world_reload, reloads) == []
+
+
+# ---- the decisions are pure: each looks at its facts and nothing else -------------------------
+
+import ast  # noqa: E402
+import inspect  # noqa: E402
+
+from reloadpg_autopatch.groups import ways as ways_package  # noqa: E402
+
+#: What a decision may name besides its own locals: its facts, its way, the steps' vocabulary.
+PURE_NAMES = {"self", "facts", "DestroyStep", "ReloadStep", "Verdict", "State", "super"}
+#: What a decision may raise: that it is not written yet (the interface's own).
+PURE_NAMES |= {"NotImplementedError"}
+
+
+def _impurities(function: object) -> list[str]:
+    source = inspect.getsource(function)
+    tree = ast.parse(source.replace("\n    ", "\n")[source.index("def") :])
+    body = tree.body[0]
+    local = {a.arg for a in body.args.args} | {
+        t.id
+        for n in ast.walk(body)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    nodes = [n for statement in body.body for n in ast.walk(statement)]
+    found = [n.id for n in nodes if isinstance(n, ast.Name) and n.id not in PURE_NAMES | local]
+    for call in (n for n in nodes if isinstance(n, ast.Call)):
+        name = ast.unparse(call.func)
+        if not (name.endswith("_step") or name == "super"):
+            found.append(f"calls {name}")
+    return found
+
+
+def test_every_ways_decisions_look_at_their_facts_only() -> None:
+    ways = [*Way, *WORLD_AS, *ways_package.registered()]
+    checked = 0
+    for way in ways:
+        for cls in type(way).__mro__:
+            for name, member in vars(cls).items():
+                if name.endswith("_step") and inspect.isfunction(member):
+                    assert _impurities(member) == [], f"{cls.__name__}.{name}"
+                    checked += 1
+    assert checked >= 10
+
+
+def test_an_impure_decision_is_caught() -> None:
+    def sleep_step(self, facts):
+        from reloadpg_autopatch.groups import mode
+
+        return DestroyStep.NOTHING if mode.get_reload_mode() else facts
+
+    assert _impurities(sleep_step) == ["mode", "calls mode.get_reload_mode"]

@@ -7,6 +7,7 @@ and each part of the process holder written by its one module.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -220,7 +221,8 @@ GROUP_LAYERS = (
     ("creation", "destroy", "reload", "release", "unwrap"),
     ("world",),
     ("ways",),
-    ("recreation", "preflight", "runs", "agreement"),
+    ("recreation", "preflight", "runs"),
+    ("agreement",),
 )
 
 
@@ -249,8 +251,12 @@ def test_the_lifecycles_layers_run_one_way() -> None:
     assert upward == []
 
 
-#: What says a branch special-cases WORLD: its name, torch's default group, the registration.
-_WORLD_WORDS = ("WORLD", "is_world", "default_pg", "_get_default_group", "stand_in", "registr")
+#: What says a branch special-cases WORLD: its name, torch's default group, the registration,
+#: WORLD's ways (``WorldSwap`` ...) and their module.
+_WORLD_WORDS = re.compile(
+    r"\bWORLD\b|is_world|default_pg|_get_default_group|stand_in|registr"
+    r"|\bWorld[A-Z]\w*|world_ways|world\.ways"
+)
 
 
 def _branch_tests(tree: ast.AST) -> list[ast.expr]:
@@ -270,7 +276,7 @@ def _world_branches(path: Path) -> list[str]:
     found = []
     for test in _branch_tests(tree):
         source = ast.unparse(test)
-        if any(word in source for word in _WORLD_WORDS):
+        if _WORLD_WORDS.search(source):
             found.append(f"{path.name}:{test.lineno}: {source}")
     return found
 
@@ -282,8 +288,14 @@ def test_no_module_outside_groups_world_has_a_world_branch() -> None:
 
 def test_the_world_branch_finder_finds_one(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("def f(record):\n    if record.is_world:\n        return 1\n")
-    assert _world_branches(sample) == ["sample.py:2: record.is_world"]
+    for test in (
+        "record.is_world",
+        "isinstance(record.way, world_ways.WorldSwap)",
+        "group is dist.GroupMember.WORLD",
+        "holder.world.registration is not None",
+    ):
+        sample.write_text(f"def f(record):\n    if {test}:\n        return 1\n")
+        assert _world_branches(sample) == [f"sample.py:2: {test}"]
 
 
 #: Each part of the process holder and the one module (or package) that writes it.
@@ -306,12 +318,38 @@ WRITERS = {
 
 
 #: The holder's parts that are objects of their own (the others are the holder's fields).
-_PARTS = ("rounds", "records", "pools", "world")
+_PARTS = ("rounds", "records", "pools", "world", "left_awake")
+#: Calls that change the container they are called on.
+_MUTATORS = {"add", "append", "insert", "pop", "clear", "update", "remove", "discard", "extend"}
+
+
+def _holder_chain(node: ast.expr, aliases: dict[str, str]) -> str | None:
+    """The holder's part an expression reaches (``holder.records.all``, ``held.index``, ...)."""
+    chain = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            chain.insert(0, node.attr)
+        node = node.value
+    base = None
+    if isinstance(node, ast.Name):
+        if node.id in aliases:
+            return aliases[node.id]
+        base = node.id
+    elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("current"):
+        base = "holder"  # process.current().X
+    if base is None or not chain:
+        return None
+    if chain[0] in _PARTS and (len(chain) >= 2 or chain[0] == "left_awake"):
+        return chain[0]
+    if len(chain) == 1 and base in ("holder", "self", "fresh") and chain[0] in WRITERS:
+        return chain[0]
+    return None
 
 
 def _written_parts(path: Path) -> set[str]:
-    """The holder's parts a file assigns to: ``holder.cycle = ...``, ``holder.records.x = ...``,
-    or ``x`` of a part fetched first (``held = holder.records; held.x = ...``)."""
+    """The holder's parts a file changes: ``holder.cycle = ...``, ``holder.records.x = ...``,
+    ``held.x[k] = ...`` or ``held.x.add(...)`` of a part fetched first (``held = holder.records``),
+    and ``process.current().x = ...``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     aliases = {
         target.id: node.value.attr
@@ -322,32 +360,28 @@ def _written_parts(path: Path) -> set[str]:
         for target in node.targets
         if isinstance(target, ast.Name)
     }
-    written = set()
+    changed: list[ast.expr] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
-            targets = list(node.targets)
+            for target in node.targets:
+                changed.extend(target.elts if isinstance(target, ast.Tuple) else [target])
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        else:
-            continue
-        flat = [
-            t
-            for target in targets
-            for t in (target.elts if isinstance(target, ast.Tuple) else [target])
-        ]
-        for target in flat:
-            chain, base = [], target
-            while isinstance(base, ast.Attribute):
-                chain.insert(0, base.attr)
-                base = base.value
-            if not chain or not isinstance(base, ast.Name):
-                continue
-            if base.id in aliases:
-                written.add(aliases[base.id])
-                continue
-            own_field = len(chain) == 1 and base.id in ("holder", "self", "fresh")
-            if (len(chain) >= 2 and chain[0] in _PARTS) or (own_field and chain[0] in WRITERS):
-                written.add(chain[0])
+            changed.append(node.target)
+        elif isinstance(node, ast.Delete):
+            changed.extend(node.targets)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+        ):
+            changed.append(node.func.value)
+    written = set()
+    for target in changed:
+        if isinstance(target, ast.Name):
+            continue  # a local name rebound, not a part changed
+        part = _holder_chain(target, aliases)
+        if part is not None:
+            written.add(part)
     return written
 
 
@@ -373,7 +407,26 @@ def test_the_writer_finder_finds_each_kind_of_write(tmp_path: Path) -> None:
         "    holder.cycle = 2\n"
         "    held = holder.pools\n"
         "    held.handed = {}\n"
-        "    holder.records.all = []\n"
         "    holder.lock.acquire()\n"
+        "    return held.handed.get(1)\n"
     )
-    assert _written_parts(sample) == {"cycle", "pools", "records"}
+    assert _written_parts(sample) == {"cycle", "pools"}
+    for line, part in (
+        ("holder.records.all = []", "records"),
+        ("holder.records.index[0] = None", "records"),
+        ("holder.left_awake.add('x')", "left_awake"),
+        ("process.current().cycle += 1", "cycle"),
+        ("process.current().rounds.token = 't'", "rounds"),
+        ("holder.world.registration = None", "world"),
+        ("del holder.records.all[0]", "records"),
+    ):
+        sample.write_text(f"def f(holder):\n    {line}\n")
+        assert _written_parts(sample) == {part}, line
+
+
+def test_the_bottom_modules_import_what_they_say() -> None:
+    """``errors`` imports nothing; the store protocol (``rendezvous``, ``entries``) no torch."""
+    assert _imported_modules(PACKAGE / "errors.py") == set()
+    for name in ("rendezvous.py", "entries.py"):
+        found = _imported_modules(PACKAGE / "groups" / name)
+        assert not {m for m in found if m.split(".")[0] == "torch"}, (name, found)

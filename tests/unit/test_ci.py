@@ -1,0 +1,106 @@
+"""What keeps the suite fast and CI honest: folders and markers, the slowest tests printed, the
+session fixtures, the Makefile's targets, and ``.ci/run``'s two streams (run with a stand-in
+``make`` that only logs, so this takes a second, not an hour)."""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import os
+import subprocess
+from pathlib import Path
+
+from tests import conftest
+from tests.support import ROOT
+
+
+def test_every_kind_of_test_has_its_folder_and_its_marker() -> None:
+    folders = {
+        p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("test_*.py"))
+    }
+    assert folders == set(conftest.KINDS)
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    markers = config["tool:pytest"]["markers"]
+    for kind in conftest.KINDS:
+        assert f"\n{kind}:" in "\n" + markers.strip(), kind
+
+
+def test_every_pytest_run_prints_its_fifteen_slowest_tests() -> None:
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    assert "--durations=15" in config["tool:pytest"]["addopts"].split()
+
+
+def test_wheels_and_venvs_are_built_once_per_session() -> None:
+    tree = ast.parse((ROOT / "tests" / "conftest.py").read_text(encoding="utf-8"))
+    scopes = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            for decorator in node.decorator_list:
+                if (
+                    isinstance(decorator, ast.Call)
+                    and ast.unparse(decorator.func) == "pytest.fixture"
+                ):
+                    scopes[node.name] = {
+                        k.arg: ast.literal_eval(k.value) for k in decorator.keywords
+                    }
+    for name in ("built", "installed", "installed_without_torch"):
+        assert scopes[name].get("scope") == "session", name
+
+
+def test_each_make_target_runs_one_folder() -> None:
+    for kind in conftest.KINDS:
+        dry = subprocess.run(
+            ["make", "-n", f"test-{kind}", "VENV=/nonexistent-venv"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        assert f"-m pytest tests/{kind}\n" in dry.stdout, dry.stdout
+
+
+STUB_MAKE = """#!/usr/bin/env bash
+printf '%s %s start %s\\n' "$TMPDIR" "$*" "$(date +%s.%N)" >> "$CI_STUB_LOG"
+sleep 0.3
+printf '%s %s end %s\\n' "$TMPDIR" "$*" "$(date +%s.%N)" >> "$CI_STUB_LOG"
+case "$*" in *lint*) exit 3 ;; esac
+"""
+
+
+def test_ci_runs_every_step_in_two_streams_and_fails_for_one_failure(tmp_path: Path) -> None:
+    """Every step runs even after one failed; the 2.14.1 lane runs beside the others, each
+    stream with a temporary folder of its own; the summary names the failure, and the run
+    fails."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "make").write_text(STUB_MAKE)
+    (stub / "make").chmod(0o755)
+    log = tmp_path / "make.log"
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CI_STUB_LOG": str(log)}
+    proc = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0, proc.stdout
+    lines = [line.split() for line in log.read_text().splitlines()]
+    steps = {" ".join(line[1:-2]) for line in lines}
+    assert steps == {
+        "test",
+        "lint",
+        "test TORCH_SPEC=torch==2.14.1 PYTHON=python3.12",
+        "test-startup PYTHON=python3.10",
+        "test-startup PYTHON=python3.12",
+        "test-startup PYTHON=python3.13",
+    }
+    background = [line for line in lines if "TORCH_SPEC=torch==2.14.1" in line]
+    foreground = [line for line in lines if "TORCH_SPEC=torch==2.14.1" not in line]
+    assert len({line[0] for line in background}) == 1
+    assert len({line[0] for line in foreground}) == 1
+    assert background[0][0] != foreground[0][0]  # a temporary folder each
+    bg_start = float(next(line[-1] for line in background if line[-2] == "start"))
+    fg_end = max(float(line[-1]) for line in foreground if line[-2] == "end")
+    assert bg_start < fg_end  # the two streams overlap
+    assert "1 of 6 steps failed" in proc.stdout, proc.stdout
+    assert "lint (ruff check, ruff format --check)" in proc.stdout
