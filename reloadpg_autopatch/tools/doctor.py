@@ -119,7 +119,24 @@ def _check_gate(report: Report) -> None:
         _env.MODE_ENV: os.environ.get(_env.MODE_ENV),
         _env.MIN_FREE_ENV: os.environ.get(_env.MIN_FREE_ENV),
         _env.EVERY_CALL_ENV: os.environ.get(_env.EVERY_CALL_ENV),
+        _env.SUSPEND_TIMEOUT_ENV: os.environ.get(_env.SUSPEND_TIMEOUT_ENV),
+        _env.FAIL_ENV: os.environ.get(_env.FAIL_ENV),
     }
+    timeout = os.environ.get(_env.SUSPEND_TIMEOUT_ENV)
+    if timeout is not None and timeout.strip():
+        try:
+            _env.parse_suspend_timeout(timeout)
+        except ValueError as error:
+            report.problems.append(f"{error}; the watchdog uses WORLD's timeout")
+    every = os.environ.get(_env.EVERY_CALL_ENV)
+    if every is not None and every.strip().lower() not in (*_env.ON_VALUES, *_env.OFF_VALUES):
+        report.problems.append(
+            f"{_env.EVERY_CALL_ENV}={_env.excerpt(every)} is not understood; accepted: "
+            f"{', '.join(_env.ON_VALUES)} (on) or unset, {', '.join(_env.OFF_VALUES[1:])} (off)"
+        )
+    failure = _env.failure_problem(os.environ.get(_env.FAIL_ENV))
+    if failure is not None:
+        report.problems.append(failure)
     min_free = os.environ.get(_env.MIN_FREE_ENV)
     if min_free is not None and min_free.strip():
         try:
