@@ -93,16 +93,24 @@ __all__ = [
 ]
 
 
-def reloadable_groups() -> list[Any]:
-    """The reloadable groups of this process that the program still holds.
+#: The states of a group the program holds that a cycle frees and brings back: awake, or
+#: asleep by either way (destroyed behind its wrapper, or suspended in place), so that one
+#: program sees the same list in every mode. A broken group is left out: no reload brings
+#: it back.
+_RELOADABLE = (State.LIVE, State.DESTROYED, State.SUSPENDED)
 
-    Wrappers, and in native mode torch's own groups.
+
+def reloadable_groups() -> list[Any]:
+    """The reloadable groups of this process that the program still holds, awake or asleep.
+
+    Wrappers, and in native and suspend modes torch's own groups; a group released while it
+    sleeps suspended (``destroy_process_group(g)``) is no longer held.
     """
     out = []
     for record in registry.members():
         held = record.held
-        live = record.state in (State.LIVE, State.DESTROYED)
-        if record.way.program_group and held is not None and live:
+        kept = record.state in _RELOADABLE and not record.release_pending
+        if record.way.program_group and held is not None and kept:
             out.append(held)
     return out
 
