@@ -309,11 +309,27 @@ def test_a_second_registration_with_another_temporary_backend_raises() -> None:
 # ---- auto mode -------------------------------------------------------------------------------
 
 
+#: On torch 2.14 a WORLD that swaps in auto mode: one that can neither suspend nor reconfigure
+#: in place (gloo reconfigures): the Python stand-in, for an accelerator only, unsupported.
+ACCEL_PY = "suspendable_acc_py"
+
+
 def _auto_with_a_swapping_world(ctx: Rank) -> dict[str, Any]:
-    torch, dist, rpg, s = _start(ctx, "auto")
-    rpg.register_default_process_group(
-        timedelta(seconds=30), accelerator_backends=("gloo",)
-    )  # WORLD swaps: every group torch knows is torn down at each cycle
+    if ON_214:
+        from tests.support import suspendable as s
+
+        s.register()
+        import torch.distributed as dist
+
+        dist.Backend.register_backend(ACCEL_PY, s.create_b, devices=[s.ACCELERATOR])
+        s.configure(unsupported="backend")
+        torch, dist, rpg, s = _start(ctx, "auto", world=ACCEL_PY)
+        s.configure()
+        rpg.register_default_process_group(timedelta(seconds=30))
+    else:  # 2.13 reconfigures nothing: a gloo WORLD named as an accelerator swaps
+        torch, dist, rpg, s = _start(ctx, "auto")
+        rpg.register_default_process_group(timedelta(seconds=30), accelerator_backends=("gloo",))
+    # WORLD swaps: every group torch knows is torn down at each cycle.
     group = dist.new_group([0, 1], backend=s.NAME_A, group_desc="standin")
     created = s.creations(s.NAME_A)
     out: dict[str, Any] = {"type": type(group).__name__}
