@@ -409,9 +409,12 @@ def _auto_fallback_with_a_non_member(ctx: Rank) -> dict[str, Any]:
 def test_auto_fallback_group_is_recreated_with_its_non_members_taking_part() -> None:
     """``auto`` with three ranks: a group of ranks 0 and 1 whose members answer differently
     (rank 1's backend cannot suspend) falls back (on 2.13 destroyed behind its wrapper and
-    created again, collectively: rank 2 takes part; on 2.14 kept resident). Nothing suspends,
-    no rank hangs, and the group and one made after it give torch's sums every cycle."""
-    for rank, out in enumerate(_once(_auto_fallback_with_a_non_member, 3)):
+    created again, collectively: rank 2 takes part; on 2.14 kept resident). With
+    ``TORCH_DIST_INIT_BARRIER=1`` every creation waits for every rank, members or not, so a
+    non-member that did not take part would leave the members waiting. Nothing suspends, no
+    rank hangs, and the group and one made after it give torch's sums every cycle."""
+    runs = _once(_auto_fallback_with_a_non_member, 3, TORCH_DIST_INIT_BARRIER="1")
+    for rank, out in enumerate(runs):
         pair = 3.0 if rank < 2 else None
         assert out["sums"] == [(pair, 6.0), (pair, 6.0)], (rank, out["sums"])
         assert out["suspends"] == [], (rank, out["suspends"])
