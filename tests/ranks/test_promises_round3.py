@@ -434,6 +434,8 @@ def _policy_in_every_mode(ctx: Rank) -> dict[str, Any]:
         rpg.set_wrap_policy("none")
         groups[f"{mode} none standin"] = dist.new_group([0, 1], backend=s.NAME_A)
         groups[f"{mode} none gloo"] = dist.new_group([0, 1])
+        # One the default rule would wrap: its backend serves an accelerator only.
+        groups[f"{mode} none accelerator"] = dist.new_group([0, 1], backend=ACCEL)
         rpg.set_wrap_policy("auto")
         singles = [dist.new_group([r], backend=s.NAME_A) for r in range(2)]
         groups[f"{mode} single standin"] = singles[ctx.rank]
@@ -451,8 +453,10 @@ def _policy_in_every_mode(ctx: Rank) -> dict[str, Any]:
     out["same objects in torch's map"] = all(
         any(id(g) == ids[k] for g in dist.distributed_c10d._world.pg_map) for k in groups
     )
-    out["sums"] = {
-        k: _sum(dist, torch, ctx.rank, g) for k, g in groups.items() if "single" not in k
+    out["sums"] = {  # an accelerator-only group takes no CPU tensor
+        k: _sum(dist, torch, ctx.rank, g)
+        for k, g in groups.items()
+        if "single" not in k and "accelerator" not in k
     }
     out["single sums"] = {
         k: _sum(dist, torch, ctx.rank, g) for k, g in groups.items() if "single" in k
@@ -462,9 +466,10 @@ def _policy_in_every_mode(ctx: Rank) -> dict[str, Any]:
 
 def test_policy_none_only_unwraps_and_single_rank_groups_stay_native_in_every_mode() -> None:
     """In every mode, ``set_wrap_policy("none")`` leaves every group torch's own (the patch
-    only unwraps), and under the default policy a single-rank group stays torch's own even on
-    a backend that can suspend: no cycle suspends, resumes or re-creates any of them (the
-    stand-in's log, torch's map holds the very same objects), and each gives torch's sums."""
+    only unwraps), one on an accelerator-only backend too, and under the default policy a
+    single-rank group stays torch's own even on a backend that can suspend: no cycle
+    suspends, resumes or re-creates any of them (the stand-in's log, torch's map holds the
+    very same objects), and each gives torch's sums."""
     for rank, out in enumerate(_once(_policy_in_every_mode)):
         assert all(out["types"].values()), (rank, out["types"])
         assert out["lifecycle calls"] == [], (rank, out["lifecycle calls"])
