@@ -216,7 +216,8 @@ def test_a_stuck_call_holding_the_gil_is_ended_by_the_backstop() -> None:
     watchdog's own included) still ends the process: the backstop, a POSIX timer of the
     watchdog's own, signals it ``BACKSTOP_S`` after the timeout. That rank ends by SIGABRT
     about then, without the watchdog's message (its thread never ran); its peer, waiting in
-    the barrier without the GIL, is ended by the watchdog at the timeout."""
+    the barrier without the GIL, is ended by the watchdog at the timeout. About 10 s: two
+    fresh interpreters, a 2 s timeout and the backstop's real 5 s margin after it."""
     from reloadpg_autopatch.groups.ways.suspend.watchdog import BACKSTOP_S as MARGIN
     from tests.ranks.test_suspend import _watchdog_run
 
