@@ -19,7 +19,7 @@ _EXPORTS = {
     "destroy_process_groups": "groups.lifecycle",
     "reload_process_groups": "groups.lifecycle",
     "reloadable_groups": "groups.lifecycle",
-    "register_default_process_group": "groups.world.registration",
+    "register_default_process_group": "groups.lifecycle",
     "set_wrap_policy": "groups.policy",
     "get_wrap_policy": "groups.policy",
     "GroupSpec": "groups.policy",

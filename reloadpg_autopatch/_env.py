@@ -98,18 +98,76 @@ def parse_min_free_gb(raw: str) -> float:
     return value
 
 
-def parse_seconds(raw: str, variable: str) -> float:
-    """A positive number of seconds from ``variable``; ``ValueError`` names what is accepted."""
+def parse_seconds(raw: str, variable: str, longest: float | None = None) -> float:
+    """A positive number of seconds from ``variable``, at most ``longest`` (what the reader can
+    time); ``ValueError`` names what is accepted."""
     try:
         value = float(raw.strip())
     except ValueError:
         value = -1.0
-    if not (value > 0 and value != float("inf")):  # also NaN
+    limit = float("inf") if longest is None else longest
+    if not (0 < value <= limit and value != float("inf")):  # also NaN
+        most = "" if longest is None else f" up to {longest:g}"
         raise ValueError(
-            f"{variable}={excerpt(raw)} is not a number of seconds; accepted: a positive "
-            "number such as 600 or 1.5"
+            f"{variable}={excerpt(raw)} is not a number of seconds the watchdog can time; "
+            f"accepted: a positive number{most}, such as 600 or 1.5"
         )
     return value
+
+
+#: The longest ``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT`` accepted, in seconds (about 31 years):
+#: well within what a thread can wait on every 64-bit platform (``threading.TIMEOUT_MAX``).
+LONGEST_SUSPEND_TIMEOUT_S = 1e9
+
+
+def parse_suspend_timeout(raw: str) -> float:
+    """``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT``'s value in seconds; ``ValueError`` names what is
+    accepted."""
+    return parse_seconds(raw, SUSPEND_TIMEOUT_ENV, LONGEST_SUSPEND_TIMEOUT_S)
+
+
+def mode_problem(raw: str | None) -> str | None:
+    """What is wrong with a ``SLIME_RELOADABLE_PG_MODE`` value, if anything (unset is fine)."""
+    value = (raw or "").strip()
+    if not value or value.lower() in MODES:
+        return None
+    return (
+        f"{MODE_ENV}={excerpt(value)} is not a mode; use one of {', '.join(MODES)} (wrapper is "
+        "used)"
+    )
+
+
+#: ``SLIME_RELOADABLE_PG_INJECT_FAILURE``'s values: where a failure is injected.
+FAILURES = ("patch",)
+
+
+def failure_problem(raw: str | None) -> str | None:
+    """What is wrong with a ``SLIME_RELOADABLE_PG_INJECT_FAILURE`` value (unset is fine)."""
+    value = (raw or "").strip().lower()
+    if not value or value in FAILURES:
+        return None
+    return (
+        f"{FAIL_ENV}={excerpt(raw)} is not understood and injects nothing; accepted: "
+        f"{', '.join(FAILURES)} (testing only: the patch raises), or unset"
+    )
+
+
+#: ``(variable, value)`` pairs already reported in this process (``first_report``).
+_REPORTED: set[tuple[str, str]] = set()
+
+
+def first_report(variable: str, raw: str) -> bool:
+    """Whether this is the first time this process meets this bad value of ``variable``.
+
+    Every reader of a variable reports a bad value through this, so that a process that cycles
+    thousands of times says it once, whichever layer read it first (the start-up layer, the
+    lifecycle, the watchdog); a forked child inherits what its parent said.
+    """
+    key = (variable, raw)
+    if key in _REPORTED:
+        return False
+    _REPORTED.add(key)
+    return True
 
 
 def parse_prefixes(prefixes: "str | Iterable[str] | None") -> tuple[str, ...]:

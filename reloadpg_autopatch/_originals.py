@@ -19,6 +19,21 @@ from torch.distributed import distributed_c10d as c10d
 logger = logging.getLogger("reloadpg_autopatch")
 
 _SNAPSHOT: dict[str, dict[str, Any]] = {}
+#: Whether the patch replaced them in this process (a forked child inherits it, as it inherits
+#: the patched torch): set by the patching layer, read by the lifecycle, which does nothing
+#: useful in a process where no group can be reloadable.
+_PATCHED = False
+
+
+def note_patched() -> None:
+    """The patch has replaced torch's callables in this process."""
+    global _PATCHED
+    _PATCHED = True
+
+
+def patched() -> bool:
+    """Whether the patch has replaced torch's callables in this process."""
+    return _PATCHED
 
 
 def _callables(module: types.ModuleType) -> dict[str, Any]:

@@ -17,11 +17,12 @@ from .._env import (
     LOG_ENV,
     LOG_LEVELS,
     MODE_ENV,
-    MODES,
     OFF_VALUES,
     ON_VALUES,
     REBIND_ENV,
     excerpt,
+    first_report,
+    mode_problem,
     parse_adopt,
     parse_adopt_modules,
     parse_prefixes,
@@ -33,9 +34,15 @@ _PACKAGE = __name__.split(".", 1)[0]
 _state = {"activated": False, "warned": set(), "source": None}
 
 
-def warn_once(key: str, message: str) -> None:
-    """One line on stderr per problem and process, however often the ``.pth`` is processed."""
+def warn_once(key: str, message: str, variable: str | None = None) -> None:
+    """One line on stderr per problem and process, however often the ``.pth`` is processed.
+
+    With ``variable``, the problem is that variable's value: said once per process whichever
+    layer reads it first (``_env.first_report``).
+    """
     if key in _state["warned"]:
+        return
+    if variable is not None and not first_report(variable, os.environ.get(variable, "")):
         return
     _state["warned"].add(key)
     try:  # noqa: SIM105 - contextlib is not loaded at start-up; this path must stay cheap
@@ -75,19 +82,14 @@ def log_level() -> str | None:
     """The level named by ``SLIME_RELOADABLE_PG_LOG`` (None when unset or invalid)."""
     problem = log_level_problem()
     if problem is not None:
-        warn_once("log", problem)
+        warn_once("log", problem, LOG_ENV)
         return None
     return os.environ.get(LOG_ENV, "").strip().upper() or None
 
 
 def reload_mode_problem() -> str | None:
     """What is wrong with ``SLIME_RELOADABLE_PG_MODE``, if anything (unset is fine)."""
-    raw = os.environ.get(MODE_ENV, "").strip()
-    if not raw or raw.lower() in MODES:
-        return None
-    return (
-        f"{MODE_ENV}={excerpt(raw)} is not a mode; use one of {', '.join(MODES)} (wrapper is used)"
-    )
+    return mode_problem(os.environ.get(MODE_ENV))
 
 
 def rebind_prefixes() -> str | None:
@@ -145,7 +147,8 @@ def _valid_rebind_prefixes() -> str | None:
     try:
         parse_prefixes(prefixes)
     except (TypeError, ValueError) as error:
-        warn_once("rebind", f"{REBIND_ENV}: {error}; sweeping the default prefixes instead")
+        message = f"{REBIND_ENV}: {error}; sweeping the default prefixes instead"
+        warn_once("rebind", message, REBIND_ENV)
         return None
     return prefixes
 
@@ -226,7 +229,7 @@ def activate(source: str) -> None:
     log_level()  # report bad values at start-up, where the user looks for them
     problem = reload_mode_problem()
     if problem is not None:
-        warn_once("mode", problem)
+        warn_once("mode", problem, MODE_ENV)
     for number, problem in enumerate(adoption_problems()):
         warn_once(f"adopt-{number}", problem)
     _watch_rebind_prefixes()
@@ -247,7 +250,7 @@ def activate_from_site() -> None:
     try:
         on, problem = gate_verdict(os.environ.get(GATE))
         if problem is not None:
-            warn_once("gate", problem)
+            warn_once("gate", problem, GATE)
         if on:
             activate("site")
     except BaseException as error:  # the host process must always start

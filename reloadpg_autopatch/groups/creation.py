@@ -82,7 +82,11 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if guard.get_memory_guard().every_call:
             guard.arm(wrapper)  # slime's behaviour checks from the first collective on
         return wrapper
-    if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None and not ask:
+    if native is dist.GroupMember.NON_GROUP_MEMBER and seen.last is not None:
+        # Recorded also when its members were only to be asked whether it can suspend: where
+        # they cannot all suspend it, they destroy it behind its wrapper (torch 2.13) and
+        # create it again, collectively, with this rank; where they suspend it or keep it
+        # resident, the reload leaves it to them (``Way.elsewhere_step``).
         registry.add(args, kwargs, seen.last, State.NON_MEMBER, WRAPPER)
     elif native is not None and not isinstance(native, int):
         logger.debug("leaving %s native: new_group returned a custom class", type(native))

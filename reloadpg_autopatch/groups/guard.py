@@ -87,21 +87,23 @@ def get_memory_guard() -> MemoryGuard:
 
 
 def _from_environment() -> MemoryGuard:
-    """``SLIME_RELOADABLE_PG_MIN_FREE_GB`` and ``..._MEMORY_GUARD_EVERY_CALL``; bad values warn."""
+    """``SLIME_RELOADABLE_PG_MIN_FREE_GB`` and ``..._MEMORY_GUARD_EVERY_CALL``; a bad value is
+    reported once per process."""
     min_free = DEFAULT_MIN_FREE_GB
     raw = os.environ.get(_env.MIN_FREE_ENV)
     if raw is not None and raw.strip():
         try:
             min_free = _env.parse_min_free_gb(raw)
         except ValueError as error:
-            logger.warning("%s; using the default, %s GiB", error, DEFAULT_MIN_FREE_GB)
+            if _env.first_report(_env.MIN_FREE_ENV, raw):
+                logger.warning("%s; using the default, %s GiB", error, DEFAULT_MIN_FREE_GB)
     every = False
     raw = os.environ.get(_env.EVERY_CALL_ENV)
     if raw is not None:
         value = raw.strip().lower()
         if value in _env.ON_VALUES:
             every = True
-        elif value not in _env.OFF_VALUES:
+        elif value not in _env.OFF_VALUES and _env.first_report(_env.EVERY_CALL_ENV, raw):
             logger.warning(
                 "%s=%s is not understood; accepted: %s (on) or %s (off); the guard checks "
                 "once per group after each reload",

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ReloadHookError
-from . import settings
+from . import mode, settings
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -103,13 +103,23 @@ def run(phase: str, groups: list[Any]) -> list[tuple[str, BaseException]]:
     return failures
 
 
+def _after(phase: str) -> str:
+    """What the groups are once ``phase``'s step completed, in the words of the mode in force."""
+    if phase != "before_destroy":
+        return "live"
+    return {
+        "suspend": "asleep (suspended in place; gloo groups stay awake)",
+        "auto": "asleep (suspended, or destroyed to be re-created, each as its way does)",
+    }.get(mode.get_reload_mode(), "destroyed")
+
+
 def error_for(phase: str, failures: list[tuple[str, BaseException]]) -> ReloadHookError:
     """One error naming every failed hook of ``phase``, caused by the first one's error."""
     step = "destroy_process_groups()" if phase == "before_destroy" else "reload_process_groups()"
     parts = [f"{name!r} raised {type(err).__name__}: {err}" for name, err in failures]
     error = ReloadHookError(
         f"reload hook {'; '.join(parts)} ({phase}); {step} completed on this rank, so the "
-        "groups are " + ("destroyed" if phase == "before_destroy" else "live") + ": fix the hook"
+        f"groups are {_after(phase)}: fix the hook"
     )
     error.__cause__ = failures[0][1]
     return error

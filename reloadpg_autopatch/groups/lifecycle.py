@@ -10,18 +10,70 @@ program's choices one object (``settings``).
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from . import process, registry
+from .. import _env, _originals
+from ..errors import ReloadPGError
+from . import destroy, process, registry, reload
 from .creation import create
-from .destroy import destroy_process_groups
 from .release import release
-from .reload import reload_process_groups
 from .report import CycleReport
 from .stepping import threaded_world
 from .unwrap import unwrap
+from .world import registration
 from .world.end import end_world, wake_before_world_ends
 from .world.swap import native_world
+
+_Step = TypeVar("_Step", bound=Callable[..., Any])
+
+
+def not_active_error(call: str) -> ReloadPGError:
+    """The error for a lifecycle call in a process where the package never activated.
+
+    Activating here instead is not safe: groups made before it are torch's own and unknown to
+    the lifecycle (nothing of theirs would be freed), and modules that bound torch's functions
+    at import keep the originals, so the process would run half-patched, silently. And a
+    process that asked for activation (the gate on) and did not get it has a broken install,
+    which this must not hide.
+    """
+    gate = os.environ.get(_env.GATE)
+    if (gate or "").strip().lower() in _env.ON_VALUES:
+        why = (
+            f"{_env.GATE}={_env.excerpt(gate)} is on, but the package's .pth never ran: it is "
+            "installed where site never looks (pip install --target DIR, or a directory on "
+            "PYTHONPATH: site runs .pth files only in site-packages), or Python ran with -S"
+        )
+    else:
+        why = f"{_env.GATE} is {'unset' if gate is None else f'{_env.excerpt(gate)}, off'}"
+    return ReloadPGError(
+        f"reloadpg_autopatch.{call}(): the package is not active in this process (torch."
+        f"distributed was never patched: {why}), so no group is reloadable and this would do "
+        "nothing. Install the package into the interpreter's site-packages and set "
+        f"{_env.GATE}=1 where the process starts, or call "
+        "reloadpg_autopatch.monkey_patch_torch_dist() before torch.distributed is used; "
+        "`python -m reloadpg_autopatch doctor` says what it finds. To run the same program "
+        "without the package, guard the call with reloadpg_autopatch.is_patched()"
+    )
+
+
+def _active(step: _Step) -> _Step:
+    """``step``, refused loudly where the package never activated (never a silent no-op)."""
+
+    @functools.wraps(step)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if not _originals.patched():
+            raise not_active_error(step.__name__)
+        return step(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
+
+
+destroy_process_groups = _active(destroy.destroy_process_groups)
+reload_process_groups = _active(reload.reload_process_groups)
+register_default_process_group = _active(registration.register_default_process_group)
 
 __all__ = [
     "create",
@@ -29,6 +81,8 @@ __all__ = [
     "end_world",
     "last_cycle_report",
     "native_world",
+    "not_active_error",
+    "register_default_process_group",
     "release",
     "reload_process_groups",
     "reloadable_groups",
@@ -39,9 +93,11 @@ __all__ = [
 
 
 def reloadable_groups() -> list[Any]:
-    """The reloadable groups of this process that the program still holds.
+    """The reloadable groups of this process that the program still holds, awake or asleep.
 
-    Wrappers, and in native mode torch's own groups.
+    Wrappers, and in native and suspend modes torch's own groups; a group released while it
+    sleeps suspended (``destroy_process_group(g)``) is no longer held, and a broken one no
+    reload brings back (each way says: ``Way.listed``).
     """
     return [record.held for record in registry.members() if record.way.listed(record)]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .._env import MODE_ENV, MODES
+from .._env import MODE_ENV, MODES, first_report, mode_problem
 from . import settings
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -56,12 +56,16 @@ def get_reload_mode() -> str:
     chosen = settings.current().mode
     if chosen is not None:
         return chosen
-    raw = os.environ.get(MODE_ENV, "").strip()
-    if not raw:
+    raw = os.environ.get(MODE_ENV, "")
+    value = raw.strip().lower()
+    if not value:
         return "wrapper"
-    if raw.lower() in MODES:
-        return raw.lower()
-    return "wrapper"  # reported once at start-up, by the bootstrap
+    if value in MODES:
+        return value
+    problem = mode_problem(raw)
+    if problem is not None and first_report(MODE_ENV, raw):  # once, whoever read it first
+        logger.warning("%s", problem)
+    return "wrapper"
 
 
 def copy_as_handle() -> None:

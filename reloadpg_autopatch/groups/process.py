@@ -248,7 +248,9 @@ def _reset_in_child() -> None:
     if inherited is not None:
         _INHERITED.append(inherited)  # never freed here: see the module's docstring
     fresh = ProcessState()
-    fresh.world.parents = (inherited and inherited.world.parents) or _default_group()
+    # The parent's WORLD is the default group now: the grandparent's, while the parent is still
+    # in it, or the parent's own world once it started one (never the grandparent's then).
+    fresh.world.parents = _default_group()
     _STATE = fresh
 
 

@@ -99,14 +99,27 @@ def _foreign_destroyed(group: Any, call: str | None) -> str:
     )
 
 
+_C10D = "torch.distributed.distributed_c10d"
+
+
 def _patched_caller() -> str | None:
-    """The torch.distributed function whose patched wrapper is unwrapping (for an error)."""
+    """The torch.distributed call that is unwrapping (for an error): the function whose
+    patched wrapper it is, the class whose constructor it is (``P2POp()``, not ``__new__``),
+    or torch's own public function reading a group it was handed inside an object (a
+    ``P2POp`` made earlier, read by ``batch_isend_irecv``)."""
     frame = sys._getframe(2)
-    for _ in range(4):
+    for _ in range(6):
         if frame is None:
             return None
-        if frame.f_globals.get("__rpg_unwrap") is unwrap:  # a wrapper ``wrapgen`` made
-            return f"torch.distributed.{frame.f_code.co_name}()"
+        namespace = frame.f_globals
+        name = frame.f_code.co_name
+        if namespace.get("__rpg_unwrap") is unwrap:  # a wrapper ``wrapgen`` made
+            if name in ("__new__", "__init__"):  # a patched class's constructor
+                owner = getattr(namespace.get("__rpg_target"), "__qualname__", "")
+                name = owner.rpartition(".")[0] or name
+            return f"torch.distributed.{name}()"
+        if namespace.get("__name__") == _C10D and not name.startswith("_"):
+            return f"torch.distributed.{name}()"
         frame = frame.f_back
     return None
 

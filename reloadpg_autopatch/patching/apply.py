@@ -41,8 +41,12 @@ _HOT_HELPERS = frozenset({"_rank_not_in_group"})
 
 
 def _inject_failure_if_asked() -> None:
-    if os.environ.get(FAIL_ENV, "").strip().lower() == "patch":
+    raw = os.environ.get(FAIL_ENV, "")
+    if raw.strip().lower() == "patch":
         raise RuntimeError(f"failure injected by {FAIL_ENV}=patch")
+    problem = _env.failure_problem(raw)
+    if problem is not None and _env.first_report(FAIL_ENV, raw):
+        logger.warning("%s", problem)
 
 
 def _build(dist: types.ModuleType) -> patchset.PatchSet:
@@ -152,6 +156,7 @@ def patch(
                 built, set(built.lifecycle) if install.lifecycle_only() else set(built.wrappers)
             )
             patchset.set_current(built)
+            _originals.note_patched()
             dynamo.register(built, load=load_dynamo_table)
             rebound = sweep.rebind_torch()
             logger.info(

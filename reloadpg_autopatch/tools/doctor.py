@@ -7,6 +7,7 @@ example inside the Ray ``runtime_env`` or the training image.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
@@ -85,6 +86,19 @@ def _installed_file(name: str, expected: str, report: Report) -> dict[str, Any]:
     return {"installed": False, "path": None, "current": False, "on_sys_path": False}
 
 
+def _outside_site(report: Report) -> str | None:
+    """The directory this package was imported from, when it holds the package's ``.pth`` but
+    is no site directory (``pip install --target DIR`` with ``PYTHONPATH=DIR``), else None."""
+    home = Path(__file__).resolve().parent.parent.parent
+    sites = set()
+    for directory in report.site_dirs:
+        with contextlib.suppress(OSError):
+            sites.add(Path(directory).resolve())
+    if home in sites or not (home / pth.PTH_NAME).is_file():
+        return None
+    return str(home)
+
+
 def _check_install(report: Report) -> None:
     report.site_dirs = _site_dirs()
     if not report.site_processing:
@@ -94,7 +108,12 @@ def _check_install(report: Report) -> None:
         )
     report.pth = _installed_file(pth.PTH_NAME, pth.render_pth(), report)
     report.start = _installed_file(pth.START_NAME, pth.render_start(), report)
-    if not report.pth["installed"]:
+    if not report.pth["installed"] and _outside_site(report) is not None:
+        report.notes.append(
+            f"the package is installed in {_outside_site(report)}, where site never runs "
+            f"{pth.PTH_NAME} (pip install --target, or PYTHONPATH): the gate cannot activate it"
+        )
+    elif not report.pth["installed"]:
         report.notes.append(
             f"{pth.PTH_NAME} is not in this interpreter's site-packages "
             f"({', '.join(report.site_dirs)}): install the package into this environment"
@@ -122,7 +141,24 @@ def _check_gate(report: Report) -> None:
         _env.MODE_ENV: os.environ.get(_env.MODE_ENV),
         _env.MIN_FREE_ENV: os.environ.get(_env.MIN_FREE_ENV),
         _env.EVERY_CALL_ENV: os.environ.get(_env.EVERY_CALL_ENV),
+        _env.SUSPEND_TIMEOUT_ENV: os.environ.get(_env.SUSPEND_TIMEOUT_ENV),
+        _env.FAIL_ENV: os.environ.get(_env.FAIL_ENV),
     }
+    timeout = os.environ.get(_env.SUSPEND_TIMEOUT_ENV)
+    if timeout is not None and timeout.strip():
+        try:
+            _env.parse_suspend_timeout(timeout)
+        except ValueError as error:
+            report.problems.append(f"{error}; the watchdog uses WORLD's timeout")
+    every = os.environ.get(_env.EVERY_CALL_ENV)
+    if every is not None and every.strip().lower() not in (*_env.ON_VALUES, *_env.OFF_VALUES):
+        report.problems.append(
+            f"{_env.EVERY_CALL_ENV}={_env.excerpt(every)} is not understood; accepted: "
+            f"{', '.join(_env.ON_VALUES)} (on) or unset, {', '.join(_env.OFF_VALUES[1:])} (off)"
+        )
+    failure = _env.failure_problem(os.environ.get(_env.FAIL_ENV))
+    if failure is not None:
+        report.problems.append(failure)
     min_free = os.environ.get(_env.MIN_FREE_ENV)
     if min_free is not None and min_free.strip():
         try:
@@ -146,6 +182,16 @@ def _check_gate(report: Report) -> None:
         report.problems.append(
             "site processing is off (python -S): the .pth was not processed, so nothing was "
             "activated at start-up; drop -S or call reloadpg_autopatch.monkey_patch_torch_dist()"
+        )
+    elif not report.pth["installed"] and _outside_site(report) is not None:
+        report.problems.append(
+            f"the gate is on but the package is installed in {_outside_site(report)}, a "
+            "directory site never processes (pip install --target, or a directory on "
+            f"PYTHONPATH): site runs .pth files only in site-packages, so {pth.PTH_NAME} "
+            "there never ran, nothing was activated, and the lifecycle API refuses to run; "
+            "install the package into this interpreter's site-packages (pip install without "
+            "--target), or call reloadpg_autopatch.monkey_patch_torch_dist() before "
+            "torch.distributed is used"
         )
     elif not report.pth["installed"]:
         report.problems.append(

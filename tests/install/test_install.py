@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import configparser
+import email
+import re
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +95,83 @@ def test_sdist_carries_the_files_and_its_wheel_installs_them(built, installed) -
     with zipfile.ZipFile(built["wheel"]) as wheel:  # this wheel was built from the sdist
         assert set(SITE_FILES) <= set(wheel.namelist())
     check_installed(installed)
+
+
+#: A Markdown link's target (images left out), and a fence that opens or closes a code block.
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def _links(text: str) -> list[str]:
+    """The link targets of Markdown prose (fenced code blocks left out)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            out += LINK.findall(re.sub(r"`[^`]*`", "", line))
+    return out
+
+
+def _suite(root: Path) -> set[str]:
+    """Every file of the test suite and of what it runs, relative to ``root``."""
+    found = set()
+    for folder in ("tests", "scripts"):
+        for path in (root / folder).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                found.add(path.relative_to(root).as_posix())
+    return found
+
+
+@pytest.mark.startup
+def test_the_sdist_carries_the_whole_suite_and_every_link_resolves(built, tmp_path) -> None:
+    """The sdist holds the test suite whole (``conftest.py``, ``tests/support`` and its
+    programs, the scripts the suite runs), and every relative link of its README, changelog,
+    contributing guide and ``docs/`` resolves to a file inside it."""
+    with tarfile.open(built["sdist"]) as sdist:
+        extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        sdist.extractall(tmp_path, **extra)  # noqa: S202 - our own sdist, just built
+    (root,) = tmp_path.iterdir()
+    assert _suite(ROOT) <= _suite(root), sorted(_suite(ROOT) - _suite(root))
+    assert "tests/conftest.py" in _suite(root)
+    pages = [root / "README.md", root / "CHANGELOG.md", root / "CONTRIBUTING.md"]
+    pages += sorted((root / "docs").glob("*.md"))
+    assert len(pages) > 4, pages
+    dead = []
+    for page in pages:
+        for target in _links(page.read_text(encoding="utf-8")):
+            path = target.partition("#")[0]
+            if re.match(r"[a-z]+:", target) or not path:
+                continue
+            resolved = (page.parent / path).resolve()
+            if not (resolved.is_file() and resolved.is_relative_to(root)):
+                dead.append(f"{page.relative_to(root)}: {target}")
+    assert dead == []
+
+
+@pytest.mark.startup
+def test_the_long_description_links_are_absolute_under_the_projects_url(built) -> None:
+    """The package index shows the README where no relative link resolves: each of its links
+    is absolute, and each one made from a relative link is setup.cfg's ``url`` + ``/blob/main/``
+    + a file of the repository."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    base = config["metadata"]["url"].rstrip("/") + "/blob/main/"
+    with tarfile.open(built["sdist"]) as sdist:
+        info = next(
+            m for m in sdist.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO")
+        )
+        metadata = email.message_from_bytes(sdist.extractfile(info).read())
+    links = _links(metadata.get_payload())
+    readme = _links((ROOT / "README.md").read_text(encoding="utf-8"))
+    relative = [t for t in readme if not re.match(r"[a-z]+:|#", t)]
+    assert len(links) == len(readme), (len(links), len(readme))
+    assert len(relative) > 10
+    assert [t for t in links if not re.match(r"https://|#", t)] == []
+    made = [t for t in links if t.startswith(base)]
+    assert [t.removeprefix(base) for t in made] == relative
+    for target in made:
+        assert (ROOT / target.removeprefix(base).partition("#")[0]).is_file(), target
 
 
 # Without torch: the gate on installs the hook and nothing else; importing torch.distributed

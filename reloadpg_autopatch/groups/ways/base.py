@@ -233,5 +233,8 @@ class Way:
         run.part.creations[str(record.name)] = milliseconds
 
     def listed(self, record: Record) -> bool:
-        """Whether ``reloadable_groups()`` lists it: a group the program holds, awake or not."""
-        return record.held is not None and record.state in (State.LIVE, State.DESTROYED)
+        """Whether ``reloadable_groups()`` lists it: a group the program holds that a cycle
+        frees and brings back, awake or asleep by any way (so that one program sees the same
+        list in every mode); not one released while it sleeps, nor a broken one."""
+        kept = record.state in (State.LIVE, State.DESTROYED, State.SUSPENDED)
+        return record.held is not None and kept and not record.release_pending

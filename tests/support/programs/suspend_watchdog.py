@@ -6,10 +6,11 @@ test's TCPStore, starts a gloo WORLD with WORLD's timeout from ``WATCHDOG_WORLD_
 (seconds, default 60), makes one group on the suspendable stand-in (``group_desc="tp-watched"``),
 runs ``WARM`` full destroy/reload cycles, then, when ``HANG`` is ``PHASE@RANKS`` (``suspend`` or
 ``resume``), tells the stand-in's backend on those ranks that this call never arrives (its live
-``settings.hang``; ``-`` leaves the switches to the environment, e.g. ``SUSPENDABLE_HANG``), and
-runs one more cycle. Before each step it writes ``MARK <step> <time.time()>`` to stderr, so the
-test can time what follows. A rank that gets through the cycle prints ``RETURNED`` to stdout:
-with a hang it must not, the watchdog must end it with SIGABRT.
+``settings.hang``; ``-`` leaves the switches to the environment, e.g. ``SUSPENDABLE_HANG``;
+``gil``: the suspend is stuck in C code holding the GIL), and runs one more cycle. Before each
+step it writes ``MARK <step> <time.time()>`` to stderr, so the test can time what follows. A
+rank that gets through the cycle prints ``RETURNED`` to stdout: with a hang it must not, the
+watchdog must end it with SIGABRT.
 """
 
 from __future__ import annotations
@@ -57,7 +58,14 @@ def main() -> None:
     if hang != "-":
         phase, _, ranks = hang.partition("@")
         if rank in {int(r) for r in ranks.split(",")}:
-            group._get_backend(torch.device("cpu")).settings.hang = phase
+            backend = group._get_backend(torch.device("cpu"))
+            if phase == "gil":
+                import ctypes
+
+                # Stuck in C code that holds the GIL: no Python thread of this process runs.
+                backend.suspend = lambda: ctypes.PyDLL(None).sleep(3600)
+            else:
+                backend.settings.hang = phase
     mark("destroy")
     rpg.destroy_process_groups()
     mark("reload")

@@ -1,0 +1,194 @@
+"""Every variable is checked once, at its first read, in one line that names what is accepted.
+
+A process that cycles thousands of times must not repeat a complaint at every step, a value
+that is accepted must give what it promises (a suspend timeout the watchdog can time), and a
+value that is not understood must never be ignored without a word (issue 33, item 5).
+
+The oracle is the stderr of fresh interpreters (the start-up layer reads the gate, the log
+level, the mode and the rebind prefixes before any user code, so start-up is the subject here):
+``tests/support/programs/bad_variables.py`` runs several cycles in suspend mode on the stand-in
+with one bad value in every variable, and each variable must appear in exactly one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from reloadpg_autopatch import _env
+from tests.support import PROGRAMS, ROOT
+
+pytestmark = pytest.mark.timeout(180)
+
+CYCLES = 4
+
+#: Per variable: what its one line must say is accepted.
+ACCEPTED = {
+    _env.GATE: "1, true, yes, on",
+    _env.LOG_ENV: "DEBUG, INFO",
+    _env.MODE_ENV: "wrapper, native, suspend, auto",
+    _env.REBIND_ENV: "'megatron'",
+    _env.MIN_FREE_ENV: "accepted: 0",
+    _env.EVERY_CALL_ENV: "accepted: 1, true",
+    _env.SUSPEND_TIMEOUT_ENV: "accepted: a positive number up to 1e+09",
+    _env.FAIL_ENV: "accepted: patch",
+}
+
+#: Two sets of bad values, one per run: the gate activates the first, the second runs with a
+#: gate that is not understood and patches explicitly (so the lifecycle reads the mode first).
+BAD = {
+    "gate": {
+        _env.GATE: "1",
+        _env.LOG_ENV: "loud",
+        _env.MODE_ENV: "sideways",
+        _env.REBIND_ENV: "9bad",
+        _env.MIN_FREE_ENV: "lots",
+        _env.EVERY_CALL_ENV: "sometimes",
+        _env.SUSPEND_TIMEOUT_ENV: "1e12",
+        _env.FAIL_ENV: "junk",
+    },
+    "explicit": {
+        _env.GATE: "maybe",
+        _env.MODE_ENV: "suspend!",
+        _env.MIN_FREE_ENV: "-1",
+        _env.EVERY_CALL_ENV: "2",
+        _env.SUSPEND_TIMEOUT_ENV: "nan",
+        _env.FAIL_ENV: "patch please",
+    },
+}
+
+_RUNS: dict[str, tuple[int, str, str]] = {}
+
+
+def _run(how: str) -> tuple[int, str, str]:
+    if how not in _RUNS:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLIME_RELOADABLE_PG")}
+        env.update(BAD[how])
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
+        proc = subprocess.run(
+            [sys.executable, str(PROGRAMS / "bad_variables.py"), how, str(CYCLES)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+            check=False,
+        )
+        _RUNS[how] = (proc.returncode, proc.stdout, proc.stderr)
+    return _RUNS[how]
+
+
+def _lines_naming(stderr: str, variable: str) -> list[str]:
+    """The lines that name ``variable`` itself (not a longer name it is the start of)."""
+    pattern = re.compile(re.escape(variable) + r"(?![A-Z_])")
+    return [line for line in stderr.splitlines() if pattern.search(line)]
+
+
+@pytest.mark.parametrize("how", ["gate", "explicit"])
+def test_each_bad_value_gives_exactly_one_line_over_many_cycles(how: str) -> None:
+    """Every variable set to a bad value is named in exactly one stderr line, which says what
+    is accepted, though the process read most of them at every step of several cycles (the
+    stand-in's log shows the suspends ran: the suspend timeout was read each time)."""
+    code, out, err = _run(how)
+    assert code == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["patched"], err[-3000:]
+    assert result["modes"] == ["wrapper"]  # a bad mode means the default
+    assert result["suspends"] == CYCLES, result
+    for variable, value in BAD[how].items():
+        lines = _lines_naming(err, variable)
+        if variable == _env.GATE and value == "1":
+            assert lines == [], lines  # a good gate says nothing
+            continue
+        assert len(lines) == 1, (variable, lines, err[-3000:])
+        assert ACCEPTED[variable] in lines[0], (variable, lines[0])
+
+
+def test_no_line_for_good_values() -> None:
+    """The same program with good values in every variable says nothing about any of them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLIME_RELOADABLE_PG")}
+    env.update(
+        {
+            _env.GATE: "1",
+            _env.LOG_ENV: "warning",
+            _env.MODE_ENV: "wrapper",
+            _env.REBIND_ENV: "megatron",
+            _env.MIN_FREE_ENV: "0",
+            _env.EVERY_CALL_ENV: "0",
+            _env.SUSPEND_TIMEOUT_ENV: "1e9",
+        }
+    )
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
+    proc = subprocess.run(
+        [sys.executable, str(PROGRAMS / "bad_variables.py"), "gate", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["suspends"] == 2
+    named = [line for line in proc.stderr.splitlines() if "SLIME_RELOADABLE_PG" in line]
+    assert named == [], named
+
+
+# ---- the values themselves (one process) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-5", "nan", "inf", "-inf", "1e12", "1000000001", ""])
+def test_a_suspend_timeout_outside_what_the_watchdog_can_time_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"accepted: a positive number up to 1e\+09"):
+        _env.parse_suspend_timeout(raw)
+
+
+@pytest.mark.parametrize("raw", ["0.001", "1.5", " 600 ", "1e9"])
+def test_an_accepted_suspend_timeout_is_taken_as_given(raw: str) -> None:
+    assert _env.parse_suspend_timeout(raw) == float(raw)
+
+
+def test_the_longest_accepted_timeout_gives_a_working_watchdog() -> None:
+    """``1e9`` s (the longest accepted) and WORLD's longest timeout arm a watchdog whose thread
+    waits (``threading.Timer`` raised ``OverflowError`` in its thread for ``1e12`` before)."""
+    from datetime import timedelta
+
+    from reloadpg_autopatch.groups.ways.suspend import watchdog
+
+    died: list[BaseException] = []
+    saved = threading.excepthook
+    threading.excepthook = lambda args: died.append(args.exc_value)
+    try:
+        for seconds in (
+            _env.parse_suspend_timeout("1e9"),
+            watchdog.suspend_timeout(timedelta.max),
+        ):
+            before = set(threading.enumerate())
+            with watchdog.watched("a test's call", seconds):
+                time.sleep(0.2)
+                started = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+            assert len(started) == 1, started  # the watchdog's thread, waiting
+    finally:
+        threading.excepthook = saved
+    assert died == []
+
+
+@pytest.mark.parametrize(
+    ("variable", "problem"),
+    [
+        (_env.MODE_ENV, _env.mode_problem),
+        (_env.FAIL_ENV, _env.failure_problem),
+    ],
+)
+def test_the_accepted_values_say_nothing(variable: str, problem: object) -> None:
+    accepted = {_env.MODE_ENV: _env.MODES, _env.FAIL_ENV: _env.FAILURES}[variable]
+    for value in (None, "", "  ", *accepted, *(v.upper() for v in accepted)):
+        assert problem(value) is None, (variable, value)  # type: ignore[operator]
+    assert variable in problem("nonsense")  # type: ignore[operator]

@@ -1,0 +1,238 @@
+"""The suspend watchdog takes nothing the program owns, and ends a process only for a stuck call.
+
+A training program may arm its own hang detector with ``faulthandler.dump_traceback_later``
+(one timer per process), handle signals and set ``sys.excepthook``; none of it may change under
+it, however many cycles run, in any mode (issue 33, item 4). And the watchdog ends the process
+only when a ``suspend()`` or ``resume()`` outlives its timeout: never after a call that
+returned, nor one timeout after a call that raised (the promise no test defended).
+
+The oracles are outside the package: faulthandler's own output in a file the program gave it,
+``signal.getsignal`` and the hooks' identities before and after, the clock, and the exit status
+of each rank (a rank the watchdog ended fails its run). Suspend runs on the stand-in of
+``tests/support/suspendable.py`` (no GPU here).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from tests.support import suspendable
+from tests.support.ranks import GATE, Rank, run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+ON_214 = suspendable.python_backend_available()
+#: The watchdog's timeout in the ranks, and the backstop's margin after it (set in the rank).
+TIMEOUT_S = 1.5
+BACKSTOP_S = 0.5
+#: The program's own faulthandler timer, armed right before the first destroy.
+PROGRAM_TIMER_S = 3
+MODES = [
+    "wrapper",
+    "suspend",
+    "auto",
+    pytest.param(
+        "native",
+        marks=pytest.mark.skipif(
+            not ON_214, reason="native mode reloads in place: torch 2.14's ProcessGroup.reconfigure"
+        ),
+    ),
+]
+
+_RUNS: dict[str, Any] = {}
+
+
+def _globals() -> dict[str, Any]:
+    """What a program owns process-wide: every signal's handler, the three hooks, and whether
+    faulthandler is enabled (its timer cannot be read: its output is the oracle)."""
+    import faulthandler
+    import threading
+
+    handlers = {}
+    for sig in signal.valid_signals():
+        try:
+            handlers[int(sig)] = signal.getsignal(sig)
+        except (ValueError, OSError):  # glibc's reserved real-time signals
+            continue
+    return {
+        "handlers": handlers,
+        "sys.excepthook": sys.excepthook,
+        "threading.excepthook": threading.excepthook,
+        "sys.unraisablehook": sys.unraisablehook,
+        "faulthandler enabled": faulthandler.is_enabled(),
+    }
+
+
+def _cycles_under_a_program(ctx: Rank, mode: str) -> dict[str, Any]:
+    """A program that owns faulthandler's timer, a signal handler and the hooks runs three
+    cycles in ``mode``; in suspend and auto, one group's suspend and another's resume raise."""
+    import faulthandler
+    import tempfile
+    import threading
+    import warnings
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.groups.ways.suspend import watchdog
+    from tests.support import suspendable as s
+
+    warnings.simplefilter("ignore", FutureWarning)
+    watchdog.BACKSTOP_S = BACKSTOP_S  # the same backstop, due sooner: a shorter wait here
+    assert rpg.is_patched()
+    s.register()
+    rpg.set_reload_mode(mode)
+    rpg.set_wrap_policy("all")
+    ctx.init(timeout=30.0)
+    # The program's own: a handler, the hooks, faulthandler on (its signal handlers).
+    signal.signal(signal.SIGUSR1, lambda *_: None)
+    sys.excepthook = lambda *a: print("program's hook", *a)
+    threading.excepthook = lambda args: None
+    faulthandler.enable()
+    if mode in ("wrapper", "native"):
+        # wrapper: WORLD swaps for a temporary WORLD (init_process_group chains the hooks).
+        rpg.register_default_process_group(timedelta(seconds=30), accelerator_backends=("gloo",))
+    groups = {"gloo": dist.new_group([0, 1], group_desc="gloo-pair")}
+    if mode in ("suspend", "auto"):
+        groups["standin"] = dist.new_group([0, 1], backend=s.NAME_A, group_desc="standin")
+        s.configure(fail_after_barrier="suspend")
+        groups["bad-suspend"] = dist.new_group([0, 1], backend=s.NAME_A, group_desc="bad-s")
+        s.configure(fail_after_barrier="resume")
+        groups["bad-resume"] = dist.new_group([0, 1], backend=s.NAME_A, group_desc="bad-r")
+        s.configure()
+    before = _globals()
+    dump = tempfile.TemporaryFile("w+")  # noqa: SIM115 - the rank's process ends with it
+    armed = time.monotonic()
+    faulthandler.dump_traceback_later(PROGRAM_TIMER_S, file=dump)
+    outcomes = []
+    for cycle in range(3):
+        for step in (rpg.destroy_process_groups, rpg.reload_process_groups):
+            try:
+                step()
+                outcomes.append("ok")
+            except rpg.GroupBrokenError:
+                outcomes.append("broken")
+        if cycle == 0:
+            dump.seek(0, os.SEEK_END)
+            empty_after_first_cycle = dump.tell() == 0
+    last_call = time.monotonic()
+    after_cycles = _globals()
+    suspends = [c for c in s.CALLS if c.op in ("suspend", "resume")]
+    # Past the program's timer, and past the watchdog's timeout and backstop after the last
+    # suspend or resume: the watchdog must not end this rank now.
+    deadline = max(armed + PROGRAM_TIMER_S + 1.5, last_call + TIMEOUT_S + BACKSTOP_S + 1.0)
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    dump.seek(0)
+    out = dump.read()
+    t = torch.tensor([1.0])
+    dist.all_reduce(t, group=groups["gloo"])
+    return {
+        "outcomes": outcomes,
+        "empty after first cycle": empty_after_first_cycle,
+        "dump": out,
+        "same": {k: before[k] == after_cycles[k] for k in before},
+        "changed signals": sorted(
+            n for n in before["handlers"] if before["handlers"][n] != after_cycles["handlers"][n]
+        ),
+        "suspend calls": len(suspends),
+        "alive sum": t.item(),
+        "waited past last call": time.monotonic() - last_call,
+    }
+
+
+def _run(mode: str) -> list[dict[str, Any]]:
+    if mode not in _RUNS:
+        env = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": str(TIMEOUT_S)}
+        _RUNS[mode] = run_ranks(_MODE_FNS[mode], 2, timeout=120, env=env)
+    return _RUNS[mode]
+
+
+def _wrapper(ctx: Rank) -> dict[str, Any]:
+    return _cycles_under_a_program(ctx, "wrapper")
+
+
+def _suspend(ctx: Rank) -> dict[str, Any]:
+    return _cycles_under_a_program(ctx, "suspend")
+
+
+def _auto(ctx: Rank) -> dict[str, Any]:
+    return _cycles_under_a_program(ctx, "auto")
+
+
+def _native(ctx: Rank) -> dict[str, Any]:
+    return _cycles_under_a_program(ctx, "native")
+
+
+_MODE_FNS = {"wrapper": _wrapper, "suspend": _suspend, "auto": _auto, "native": _native}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_programs_faulthandler_timer_fires_after_cycles(mode: str) -> None:
+    """The program arms ``dump_traceback_later`` before its first destroy; three cycles later
+    (in suspend and auto, each with suspends and resumes under the watchdog) faulthandler
+    still writes its dump when the program's timer is due, and not before. Each run waits
+    for the program's timer (about 5 s)."""
+    for rank, out in enumerate(_run(mode)):
+        assert out["empty after first cycle"], (rank, out["dump"][:500])
+        assert f"Timeout (0:00:0{PROGRAM_TIMER_S})!" in out["dump"], (rank, out["dump"][:500])
+        if mode in ("suspend", "auto"):
+            assert out["suspend calls"] >= 6, (rank, out)  # the watchdog was armed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_signal_handlers_and_hooks_are_as_the_program_left_them(mode: str) -> None:
+    """Every signal's handler, ``sys.excepthook``, ``threading.excepthook``,
+    ``sys.unraisablehook`` and faulthandler's state are the program's after three cycles."""
+    for rank, out in enumerate(_run(mode)):
+        assert out["changed signals"] == [], (rank, out["changed signals"])
+        assert all(out["same"].values()), (rank, out["same"])
+
+
+@pytest.mark.parametrize("mode", ["suspend", "auto"])
+def test_the_watchdog_never_ends_a_rank_after_its_calls_returned_or_raised(mode: str) -> None:
+    """Each cycle suspends and resumes three groups, one whose suspend raises and one whose
+    resume raises (``GroupBrokenError``); each rank then lives past the watchdog's timeout
+    and its backstop after the last call, and still runs a collective (a rank the watchdog
+    ended would fail the run)."""
+    for rank, out in enumerate(_run(mode)):
+        assert "broken" in out["outcomes"], (rank, out["outcomes"])
+        assert out["waited past last call"] >= TIMEOUT_S + BACKSTOP_S + 0.5, (rank, out)
+        assert out["alive sum"] == 2.0
+
+
+# ---- a call that holds the GIL: the backstop -------------------------------------------------
+
+
+def test_a_stuck_call_holding_the_gil_is_ended_by_the_backstop() -> None:
+    """A ``suspend()`` stuck in C code that holds the GIL (no Python thread can run, the
+    watchdog's own included) still ends the process: the backstop, a POSIX timer of the
+    watchdog's own, signals it ``BACKSTOP_S`` after the timeout. That rank ends by SIGABRT
+    about then, without the watchdog's message (its thread never ran); its peer, waiting in
+    the barrier without the GIL, is ended by the watchdog at the timeout. About 10 s: two
+    fresh interpreters, a 2 s timeout and the backstop's real 5 s margin after it."""
+    from reloadpg_autopatch.groups.ways.suspend.watchdog import BACKSTOP_S as MARGIN
+    from tests.ranks.test_suspend import _watchdog_run
+
+    limit = 2.0
+    env = {"SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": str(limit), "WATCHDOG_WORLD_TIMEOUT": "60"}
+    runs = _watchdog_run(0, "gil@1", env)
+    for rank, run in enumerate(runs):
+        assert run["returncode"] == -signal.SIGABRT, (
+            rank,
+            run["returncode"],
+            run["stderr"][-3000:],
+        )
+        assert "RETURNED" not in run["stdout"]
+        assert run["step"] == "destroy", (rank, run["step"])
+    said = ["did not return within" in run["stderr"] for run in runs]
+    assert said == [True, False], [run["stderr"][-2000:] for run in runs]
+    assert limit - 0.5 <= runs[0]["seconds"] <= limit + 6.0, runs[0]["seconds"]
+    assert limit + MARGIN - 0.5 <= runs[1]["seconds"] <= limit + MARGIN + 6.0, runs[1]["seconds"]
