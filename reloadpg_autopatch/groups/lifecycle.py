@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import process, registry
-from .creation import create
+from .creation import create, refuse_while_asleep
 from .destroy import destroy_process_groups
 from .record import State
 from .release import release
@@ -30,6 +30,7 @@ __all__ = [
     "end_world",
     "last_cycle_report",
     "native_world",
+    "refuse_while_asleep",
     "release",
     "reload_process_groups",
     "reloadable_groups",

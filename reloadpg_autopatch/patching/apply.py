@@ -151,6 +151,7 @@ def patch(
                 built, set(built.lifecycle) if install.lifecycle_only() else set(built.wrappers)
             )
             patchset.set_current(built)
+            install.guard_splits()
             dynamo.register(built, load=load_dynamo_table)
             rebound = sweep.rebind_torch()
             logger.info(

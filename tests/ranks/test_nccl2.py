@@ -1,0 +1,193 @@
+"""torch 2.15 makes ``nccl`` mean nccl2 (issue 31): the holes it opens, closed on both lanes.
+
+torch 2.15 cannot be installed here and NCCL needs a GPU, so each behaviour of 2.15 is a
+stand-in of ``tests/support/nccl2.py`` (read its docstring): a backend whose groups are split
+from WORLD's communicator at creation, a ``lazy_init`` backend whose ``memory_stats()`` would
+block before its first collective, a nonblocking one whose suspend raises "in progress",
+2.15's pre-hook order with a flight recorder's hook at torch's id, and 2.15's
+``_world.pg_flight_recorder_hooks``. The oracles are outside the package: the stand-ins' call
+log (what reached a backend, in which state), torch's ``_world`` maps, the exception each call
+raises, torch's own results, a hook's record of what it saw, and a count of live handles.
+
+Each run is shared by the tests that read it (``_ranks`` keeps its result for the session).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support import suspendable
+from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+#: A run's deadline: each run takes a few seconds; a hang is a failure.
+DEADLINE = 60.0
+HOOKS = suspendable.python_backend_available()  # torch 2.14: pre-hooks; 2.13: none
+needs_hooks = pytest.mark.skipif(not HOOKS, reason="torch 2.13 has no ProcessGroup pre-hooks")
+
+_RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
+
+
+def _ranks(fn: Any, n: int = 2, **env: str) -> list[Any]:
+    """``run_ranks(fn, n)`` with the gate on, once per session for the same arguments."""
+    key = (fn.__name__, n, tuple(sorted(env.items())))
+    if key not in _RUNS:
+        full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "15", **env}
+        try:
+            _RUNS[key] = (True, run_ranks(fn, n, timeout=DEADLINE, env=full))
+        except RankFailure as error:
+            _RUNS[key] = (False, error)
+    ok, value = _RUNS[key]
+    if not ok:
+        raise value
+    return value
+
+
+def _start(ctx: Rank, mode: str, world: str = "gloo", register: bool = False) -> tuple:
+    """Join WORLD on ``world`` in ``mode``; return (torch.distributed, the package, the
+    suspendable stand-in, the nccl2 stand-ins)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+    from tests.support import nccl2 as n2
+    from tests.support import suspendable as s
+
+    warnings.simplefilter("ignore", FutureWarning)
+    assert rpg.is_patched(), "the gate did not patch this rank at start-up"
+    s.register()
+    n2.register()
+    rpg.set_reload_mode(mode)
+    rpg.set_memory_probe(s.memory_probe, device_types=("cpu", s.ACCELERATOR))
+    rpg.set_memory_guard(0.0)
+    ctx.init(backend=world, timeout=30.0)
+    if register:
+        rpg.register_default_process_group()
+    return dist, rpg, s, n2
+
+
+def _outcome(call: Any) -> tuple[str, Any]:
+    """``("ok", result)`` or ``(exception class name, message)``."""
+    try:
+        return ("ok", call())
+    except Exception as error:
+        return (type(error).__name__, str(error))
+
+
+def _sum(dist: Any, rank: int, group: Any = None) -> float:
+    import torch
+
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, group=group)
+    return t.item()
+
+
+def _log(s: Any, since: int, *, stats: bool = False) -> list[tuple[str, str, str, str]]:
+    return [
+        (c.backend.split("#")[0], c.op, c.state, c.outcome)
+        for c in s.CALLS[since:]
+        if stats or c.op != "memory_stats"
+    ]
+
+
+def _refused_for_sleeping(kind: str, text: str, parent: str) -> bool:
+    return (
+        kind == "GroupSuspendedError"
+        and parent in text
+        and "reload_process_groups()" in text
+        and "suspended" in text
+    )
+
+
+# ---- 1. a group split from a sleeping communicator is refused before the backend -------------
+
+
+def _splits(ctx: Rank) -> dict[str, Any]:
+    from torch.distributed import distributed_c10d as c10d
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist, rpg, s, n2 = _start(ctx, "suspend", world="nccl2_split", register=True)
+    world = n2.world_backend()
+    out: dict[str, Any] = {}
+    since = len(s.CALLS)
+    tp = dist.new_group([0, 1], group_desc="tp")
+    out["split_awake"] = [c for c in _log(s, since) if c[1] == "split"]
+    rpg.destroy_process_groups()
+    out["world_state"] = world.state
+    since, count = len(s.CALLS), len(c10d._world.pg_map)
+    out["new_group"] = _outcome(lambda: dist.new_group([0, 1], group_desc="asleep"))
+    made = len(c10d._world.pg_map) - count
+    out["gloo"] = _outcome(lambda: _sum(dist, ctx.rank, dist.new_group([0, 1], backend="gloo")))
+    out["gloo_made"] = len(c10d._world.pg_map) - count - made
+    out["split_group"] = _outcome(lambda: dist.group.WORLD.split_group([0, 1]))
+    out["split_of_tp"] = _outcome(lambda: tp.split_group([0, 1]))
+    if ctx.rank == 0:  # an excluded rank must not call shrink_group
+        out["shrink_group"] = _outcome(lambda: dist.shrink_group([1]))
+    out["device_mesh"] = _outcome(
+        lambda: init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+    )
+    out["made_asleep"] = made
+    out["reached_asleep"] = _log(s, since)
+    out["world_state_asleep"] = world.state
+    rpg.reload_process_groups()
+    since = len(s.CALLS)
+    out["after"] = _outcome(lambda: _sum(dist, ctx.rank, dist.new_group([0, 1])))
+    out["split_after"] = [c for c in _log(s, since) if c[1] == "split"]
+    out["world_after"] = _outcome(lambda: _sum(dist, ctx.rank))
+    return out
+
+
+def test_new_group_split_from_a_sleeping_world_is_refused_before_the_backend() -> None:
+    """WORLD (registered, on a backend that splits each new group from WORLD's communicator
+    at creation, as 2.15's nccl2 does) sleeps: ``new_group()`` raises ``GroupSuspendedError``
+    naming WORLD and ``reload_process_groups()``, on every rank, before torch reaches the
+    backend (WORLD's log has no split while asleep, torch's maps gained no group, WORLD stays
+    suspended, not faulted). Awake, the same creation splits WORLD's communicator (the
+    stand-in does what it models), and after the reload a new group works."""
+    for rank, out in enumerate(_ranks(_splits)):
+        assert out["split_awake"] == [("nccl2_split", "split", "awake", "ok")], out
+        assert out["world_state"] == "suspended", out
+        kind, text = out["new_group"]
+        assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
+        assert "new_group()" in text, text
+        assert out["made_asleep"] == 0, out
+        assert [c for c in out["reached_asleep"] if c[1] in ("split", "shrink")] == [], out
+        assert out["world_state_asleep"] == "suspended", out
+        assert out["after"] == ("ok", 3.0), out["after"]
+        assert out["split_after"] == [("nccl2_split", "split", "awake", "ok")], out
+        assert out["world_after"] == ("ok", 3.0), out
+
+
+def test_a_cpu_group_may_be_created_while_world_sleeps() -> None:
+    """A gloo group needs no accelerator communicator: it is made while WORLD sleeps, works
+    at once, and nothing reaches WORLD's backend."""
+    for out in _ranks(_splits):
+        assert out["gloo"] == ("ok", 3.0), out["gloo"]
+        assert out["gloo_made"] == 1, out
+
+
+def test_split_group_of_a_sleeping_group_is_refused_naming_it() -> None:
+    """``ProcessGroup.split_group`` (what torch's ``split_group()`` and DeviceMesh call on the
+    parent) raises ``GroupSuspendedError`` naming the parent (WORLD, or group 'tp') and
+    ``reload_process_groups()``."""
+    for rank, out in enumerate(_ranks(_splits)):
+        kind, text = out["split_group"]
+        assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
+        kind, text = out["split_of_tp"]
+        assert _refused_for_sleeping(kind, text, "'tp'"), (rank, kind, text)
+
+
+def test_shrink_group_and_device_mesh_of_a_sleeping_world_are_refused() -> None:
+    """``shrink_group`` (``ncclCommShrink`` over the parent) and a DeviceMesh (its groups
+    made through ``new_group``, which it bound by name) raise ``GroupSuspendedError`` naming
+    WORLD; no shrink reaches WORLD's backend."""
+    for rank, out in enumerate(_ranks(_splits)):
+        if rank == 0:
+            kind, text = out["shrink_group"]
+            assert _refused_for_sleeping(kind, text, "WORLD"), (kind, text)
+        kind, text = out["device_mesh"]
+        assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
