@@ -191,3 +191,63 @@ def test_shrink_group_and_device_mesh_of_a_sleeping_world_are_refused() -> None:
             assert _refused_for_sleeping(kind, text, "WORLD"), (kind, text)
         kind, text = out["device_mesh"]
         assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
+
+
+# ---- 3. the guard fires before torch's flight recorder -------------------------------------
+
+
+def _hook_order(ctx: Rank) -> dict[str, Any]:
+    dist, rpg, _s, n2 = _start(ctx, "suspend", world=suspendable.NAME_A, register=True)
+    from reloadpg_autopatch.groups.ways.suspend import HOOK_ID
+
+    out: dict[str, Any] = {"hook_id": HOOK_ID}
+    tp = dist.new_group([0, 1], backend=suspendable.NAME_A, group_desc="tp")
+    # Torch's own dispatch (2.14.1: unspecified order): a recorder registered with torch at
+    # the recorder's id, before the guard, keeps working across a cycle.
+    real = n2.FlightRecorder()
+    tp.register_pre_hook(n2.RECORDER_ID, real.pre)
+    tp.register_post_hook(n2.RECORDER_ID, real.post)
+    rpg.destroy_process_groups()
+    out["real_asleep"] = _outcome(lambda: _sum(dist, ctx.rank, tp))
+    out["real_in_flight_asleep"] = real.in_flight()  # unspecified on 2.14.1: reported only
+    rpg.reload_process_groups()
+    out["real_after"] = _outcome(lambda: _sum(dist, ctx.rank, tp))
+    out["real_retired_after"] = list(real.retired)
+    # torch 2.15's dispatch (ascending id), modelled: the guard must fire first.
+    model = n2.OrderedPreHooks().install()
+    try:
+        recorder = n2.FlightRecorder()
+        dist.group.WORLD.register_pre_hook(n2.RECORDER_ID, recorder.pre)
+        dist.group.WORLD.register_post_hook(n2.RECORDER_ID, recorder.post)
+        out["recorded_awake"] = (_outcome(lambda: _sum(dist, ctx.rank)), list(recorder.retired))
+        rpg.destroy_process_groups()
+        out["ids_asleep"] = model.ids(dist.group.WORLD)
+        out["model_asleep"] = _outcome(lambda: _sum(dist, ctx.rank))
+        out["model_in_flight"] = recorder.in_flight()
+        rpg.reload_process_groups()
+        out["model_after"] = _outcome(lambda: _sum(dist, ctx.rank))
+        out["model_in_flight_after"] = recorder.in_flight()
+    finally:
+        model.uninstall()
+    return out
+
+
+@needs_hooks
+def test_the_guard_fires_before_the_flight_recorder_and_never_replaces_it() -> None:
+    """Under 2.15's id-ordered dispatch (modelled on 2.14.1, where the order is unspecified),
+    a hook at torch's flight-recorder id (0x46524543) and the guard on a sleeping WORLD: the
+    refused collective never reaches the recorder (no entry issued and never retired, which a
+    hang dump would report), because the guard's id is below every id torch uses. On torch's
+    own dispatch, a recorder registered at that id keeps recording across a cycle: the
+    guard's registration neither replaced nor removed it."""
+    for rank, out in enumerate(_ranks(_hook_order)):
+        assert out["hook_id"] < 0, out["hook_id"]
+        assert out["recorded_awake"] == (("ok", 3.0), ["ALLREDUCE"]), out
+        assert out["ids_asleep"][0] == out["hook_id"], out["ids_asleep"]
+        assert out["model_asleep"][0] == "GroupSuspendedError", out["model_asleep"]
+        assert out["model_in_flight"] == [], (rank, out["model_in_flight"])
+        assert out["model_after"] == ("ok", 3.0), out
+        assert out["model_in_flight_after"] == [], out
+        assert out["real_asleep"][0] == "GroupSuspendedError", out["real_asleep"]
+        assert out["real_after"] == ("ok", 3.0), out
+        assert out["real_retired_after"][-1:] == ["ALLREDUCE"], out
