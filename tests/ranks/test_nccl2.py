@@ -251,3 +251,55 @@ def test_the_guard_fires_before_the_flight_recorder_and_never_replaces_it() -> N
         assert out["real_asleep"][0] == "GroupSuspendedError", out["real_asleep"]
         assert out["real_after"] == ("ok", 3.0), out
         assert out["real_retired_after"][-1:] == ["ALLREDUCE"], out
+
+
+# ---- 2. the doctor names the implementation and keys its warnings on it --------------------
+
+
+def _doctor(ctx: Rank) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.tools.doctor import diagnose, render
+    from tests.support import nccl2 as n2
+    from tests.support import suspendable as s
+
+    s.register()
+    n2.register()
+    rpg.set_reload_mode("suspend")
+    out = {}
+    store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
+    for backend in (n2.CLASSIC, n2.NCCL2):
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"{backend}/", store),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+        )
+        report = diagnose()
+        out[backend] = {
+            "nccl": report.fidelity.get("nccl"),
+            "warnings": report.fidelity.get("suspend", {}).get("warnings", []),
+            "text": render(report),
+        }
+        dist.destroy_process_group()
+    return out
+
+
+def test_the_doctor_names_the_implementation_and_keys_its_warnings_on_it() -> None:
+    """The doctor reads WORLD's backend (stand-ins named like torch's classes, registered under
+    names that say nothing of NCCL): it names the implementation (classic ``ProcessGroupNCCL``
+    or nccl2) and the variable that chooses what ``nccl`` means, warns of lazy p2p
+    communicators without ``device_id`` for the classic one only, and tells nccl2's users that
+    a group is not created while WORLD sleeps."""
+    (out,) = _ranks(_doctor, 1)
+    classic, new = out["standin_classic"], out["standin_nccl2"]
+    assert classic["nccl"]["world"][0]["implementation"] == "classic", classic["nccl"]
+    assert new["nccl"]["world"][0]["implementation"] == "nccl2", new["nccl"]
+    for got in (classic, new):
+        assert got["nccl"]["variable"] == "TORCH_DIST_USE_NCCL2", got["nccl"]
+        assert "TORCH_DIST_USE_NCCL2" in got["text"], got["text"]
+    assert any("device_id" in w for w in classic["warnings"]), classic["warnings"]
+    assert not any("device_id" in w for w in new["warnings"]), new["warnings"]
+    assert any("while WORLD sleeps" in w for w in new["warnings"]), new["warnings"]
+    assert "ProcessGroupNCCL2" in new["text"], new["text"]

@@ -95,16 +95,16 @@ def _version(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-def version_refusal(backend: Any) -> str | None:
-    """NCCL older than 2.29.7, where torch tells (build and runtime), for an NCCL backend."""
-    if "NCCL" not in type(backend).__name__.upper():
-        return None
+def version_refusal(backend: Any, device: Any = None) -> str | None:
+    """NCCL older than 2.29.7, where the backend tells (its build and runtime NCCL versions),
+    else where torch tells for a backend on a CUDA device; whatever the backend is called."""
     found = []
     for getter in ("get_build_nccl_version", "get_runtime_nccl_version"):
-        call = getattr(type(backend), getter, None)
-        with contextlib.suppress(Exception):
-            found.append((getter, _version(call())))
-    if not found:
+        call = getattr(type(backend), getter, None) or getattr(backend, getter, None)
+        if callable(call):
+            with contextlib.suppress(Exception):
+                found.append((getter, _version(call())))
+    if not found and getattr(device, "type", device) == "cuda":
         with contextlib.suppress(Exception):
             found.append(("torch.cuda.nccl.version", _version(torch.cuda.nccl.version())))
     for where, version in found:
@@ -161,7 +161,11 @@ def capability(native: Any) -> Capability:
         verdict, _stats, why = probe(backend)
         name = _backend_name(backend)
         if verdict != UNSUPPORTED:
-            refusal = environment_refusal() or version_refusal(backend) or options_refusal(backend)
+            refusal = (
+                environment_refusal()
+                or version_refusal(backend, device)
+                or options_refusal(backend)
+            )
             if refusal is None:
                 found.legs.append((device, backend))
                 found.answers.append(verdict)
