@@ -253,6 +253,122 @@ def test_the_guard_fires_before_the_flight_recorder_and_never_replaces_it() -> N
         assert out["real_retired_after"][-1:] == ["ALLREDUCE"], out
 
 
+# ---- 4 and 5. lazy_init and nonblocking communicators in suspend mode ----------------------
+
+
+def _answers_suspend(ctx: Rank) -> dict[str, Any]:
+    dist, rpg, s, n2 = _start(ctx, "suspend")
+    out: dict[str, Any] = {}
+    since = len(s.CALLS)
+    made = _outcome(lambda: dist.new_group([0, 1], backend=n2.LAZY, group_desc="lazy"))
+    out["lazy_made"] = made[0] if made[0] != "ok" else "ok"
+    out["lazy_log_made"] = _log(s, since, stats=True)
+    if made[0] == "ok":
+        lazy = made[1]
+        backend = s.backends(n2.LAZY)[-1]
+        out["destroy_1"] = _outcome(rpg.destroy_process_groups)
+        out["report_1"] = rpg.last_cycle_report().to_dict()["destroy"]
+        out["lazy_name"] = str(lazy.group_name)
+        out["lazy_asleep_1"] = _outcome(lambda: _sum(dist, ctx.rank, lazy))[0]
+        out["reload_1"] = _outcome(rpg.reload_process_groups)
+        out["lazy_log_1"] = _log(s, since, stats=True)
+        out["lazy_after_1"] = _outcome(lambda: _sum(dist, ctx.rank, lazy))
+        backend.initialize()  # its first collective created the communicator (see nccl2.py)
+        since = len(s.CALLS)
+        out["destroy_2"] = _outcome(rpg.destroy_process_groups)
+        out["lazy_state_2"] = backend.state
+        out["reload_2"] = _outcome(rpg.reload_process_groups)
+        out["lazy_log_2"] = [c[1:] for c in _log(s, since) if c[0] == n2.LAZY]
+        out["lazy_after_2"] = _outcome(lambda: _sum(dist, ctx.rank, lazy))
+    since = len(s.CALLS)
+    nonblocking = n2.nonblocking_backend()
+    made = _outcome(lambda: dist.new_group([0, 1], backend=nonblocking, group_desc="nb"))
+    out["nonblocking_made"] = (made[0], made[1] if made[0] != "ok" else None)
+    if made[0] == "ok":  # today's code takes it; its destroy then suspends it
+        out["nonblocking_destroy"] = _outcome(rpg.destroy_process_groups)
+        out["nonblocking_reload"] = _outcome(rpg.reload_process_groups)
+    out["nonblocking_log"] = [c for c in _log(s, since) if c[0] == n2.NONBLOCKING]
+    return out
+
+
+def test_a_lazy_group_is_not_probed_before_its_first_collective() -> None:
+    """A ``lazy_init`` group that never communicated: its ``memory_stats()`` is never called
+    (it would create the communicator, a collective a lone rank would block in), suspend mode
+    takes it, and the destroy guards it without suspending it, as a classic group not yet
+    initialized ("not initialized"); once its communicator exists, the next destroy asks it
+    and suspends it."""
+    for rank, out in enumerate(_ranks(_answers_suspend)):
+        assert out["lazy_made"] == "ok", (rank, out["lazy_made"])
+        assert [c for c in out["lazy_log_1"] if c[3] == "would block"] == [], out["lazy_log_1"]
+        assert [c for c in out["lazy_log_1"] if c[1] == "memory_stats"] == [], out["lazy_log_1"]
+        assert out["destroy_1"][0] == "ok", out["destroy_1"]
+        assert out["report_1"]["groups"].get("guarded") == [out["lazy_name"]], out["report_1"]
+        assert out["lazy_asleep_1"] == "GroupSuspendedError"
+        assert out["reload_1"][0] == "ok", out
+        assert out["lazy_after_1"] == ("ok", 3.0), out
+        assert out["destroy_2"][0] == "ok", out
+        assert out["lazy_state_2"] == "suspended", out
+        ops = [op for op, _state, outcome in out["lazy_log_2"] if outcome == "ok"]
+        assert (ops.count("suspend"), ops.count("resume")) == (1, 1), out["lazy_log_2"]
+        assert out["lazy_after_2"] == ("ok", 3.0), out
+
+
+def test_a_nonblocking_communicator_is_a_named_refusal_in_suspend_mode() -> None:
+    """A communicator made by nccl2's ``reconfigure()`` is nonblocking (its options say
+    ``enable_reconfigure``; ``config.blocking`` stays unset) and its suspend would raise
+    "in progress": suspend mode refuses it by name at its creation (``ModeRefusedError``
+    saying nonblocking), and its suspend is never called, so it is never broken."""
+    for rank, out in enumerate(_ranks(_answers_suspend)):
+        kind, text = out["nonblocking_made"]
+        assert kind == "ModeRefusedError", (rank, kind, text)
+        assert "nonblocking" in text, text
+        assert [c for c in out["nonblocking_log"] if c[1] == "suspend"] == [], out
+
+
+def _answers_auto(ctx: Rank) -> dict[str, Any]:
+    dist, rpg, s, n2 = _start(ctx, "auto")
+    from reloadpg_autopatch.tools.doctor import diagnose
+
+    out: dict[str, Any] = {}
+    since = len(s.CALLS)
+    nb = dist.new_group([0, 1], backend=n2.nonblocking_backend(), group_desc="nb")
+    lazy = dist.new_group([0, 1], backend=n2.LAZY, group_desc="lazy")
+    if ctx.rank == 0:  # the doctor on one rank alone, as a user runs it in a live process
+        report = diagnose()
+        out["doctor_mode"] = report.fidelity.get("mode", {}).get("backends")
+    out["first_barrier"] = _sum(dist, ctx.rank)
+    out["destroy"] = _outcome(rpg.destroy_process_groups)
+    out["nb_asleep"] = _outcome(lambda: _sum(dist, ctx.rank, nb))[0]
+    out["reload"] = _outcome(rpg.reload_process_groups)
+    out["nb_after"] = _outcome(lambda: _sum(dist, ctx.rank, nb))
+    out["lazy_after"] = _outcome(lambda: _sum(dist, ctx.rank, lazy))
+    out["log"] = _log(s, since, stats=True)
+    return out
+
+
+def test_a_nonblocking_communicator_falls_back_in_auto_and_is_never_broken() -> None:
+    """In ``auto`` mode the nonblocking group takes another way (in place where torch can
+    reconfigure, else behind a wrapper): its suspend is never called, the cycle succeeds and
+    the group works after it (never ``GroupBrokenError``)."""
+    for rank, out in enumerate(_ranks(_answers_auto)):
+        nonblocking = [c for c in out["log"] if c[0] == "nccl2_nonblocking"]
+        assert [c for c in nonblocking if c[1] == "suspend"] == [], nonblocking
+        assert (out["destroy"][0], out["reload"][0]) == ("ok", "ok"), out
+        assert out["nb_asleep"] != "GroupBrokenError", out
+        assert out["nb_after"] == ("ok", 3.0), (rank, out["nb_after"])
+
+
+def test_the_doctor_on_one_rank_never_probes_a_lazy_group() -> None:
+    """Rank 0 runs the doctor alone (rank 1 waits in a collective): it explains the lazy
+    group without calling its ``memory_stats()`` (no call would block), and the ranks go on."""
+    for rank, out in enumerate(_ranks(_answers_auto)):
+        assert [c for c in out["log"] if c[3] == "would block"] == [], (rank, out["log"])
+        assert out["first_barrier"] == 3.0
+        assert out["lazy_after"] == ("ok", 3.0), out
+        if rank == 0:
+            assert out["doctor_mode"], out
+
+
 # ---- 2. the doctor names the implementation and keys its warnings on it --------------------
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from .... import _env
 from ...backends import device_backends, holds_accelerator_memory
+from .communicator import lazy_uninitialized, nonblocking
 
 _C10dBackend = getattr(torch._C, "_distributed_c10d", None)
 _C10dBackend = getattr(_C10dBackend, "Backend", None)
@@ -53,6 +54,9 @@ def probe(backend: Any) -> tuple[str, dict[str, int] | None, str]:
     """``(verdict, stats, why)`` from the backend's own ``memory_stats()``: local and cheap."""
     if not torch_can_suspend():
         return UNSUPPORTED, None, f"torch {torch.__version__} has no Backend.suspend"
+    lazy = lazy_uninitialized(backend)
+    if lazy is not None:  # asking would make its communicator: a collective, not a probe
+        return NOT_INITIALIZED, None, lazy
     try:
         stats = backend.memory_stats()
     except Exception as error:
@@ -128,6 +132,11 @@ def options_refusal(backend: Any) -> str | None:
     return None
 
 
+def communicator_refusal(backend: Any) -> str | None:
+    """What the communicator says of itself that makes suspend refuse it (nonblocking)."""
+    return nonblocking(backend)
+
+
 @dataclass
 class Capability:
     """What suspend can do with a group: its legs that sleep, and those that stay awake."""
@@ -165,6 +174,7 @@ def capability(native: Any) -> Capability:
                 environment_refusal()
                 or version_refusal(backend, device)
                 or options_refusal(backend)
+                or communicator_refusal(backend)
             )
             if refusal is None:
                 found.legs.append((device, backend))
