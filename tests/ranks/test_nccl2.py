@@ -369,6 +369,65 @@ def test_the_doctor_on_one_rank_never_probes_a_lazy_group() -> None:
             assert out["doctor_mode"], out
 
 
+# ---- 6. _world.pg_flight_recorder_hooks kept consistent ------------------------------------
+
+
+def _recorder_map(ctx: Rank) -> dict[str, Any]:
+    from tests.support import nccl2
+
+    fr = nccl2.FlightRecorderMap().install()  # before WORLD: WORLD gets a handle too
+    dist, rpg, _s, n2 = _start(ctx, "wrapper", world=suspendable.NAME_A)
+    rpg.register_default_process_group(accelerator_backends=(suspendable.NAME_A,))
+    from torch.distributed import distributed_c10d as c10d
+
+    def snapshot() -> dict[str, Any]:
+        hooks = fr.hooks()
+        world = dist.group.WORLD
+        return {
+            "visible": len(hooks),
+            "distinct_values": len({id(v) for v in hooks.values()}),
+            "raw": len(fr.raw_keys()),
+            "alive": n2.RecorderHandle.alive(),
+            "tp_carried": hooks.get(tp) is not None and hooks.get(tp) is hooks.get(tp.group),
+            "world_carried": hooks.get(world.group) is not None
+            and hooks.get(world) is hooks.get(world.group),
+            "stale": sum(1 for k in hooks if not dict.__contains__(c10d._world.pg_map, k)),
+        }
+
+    tp = dist.new_group([0, 1], backend=suspendable.NAME_A, group_desc="tp")
+    out = {"awake": snapshot()}
+    rpg.destroy_process_groups()
+    hooks = fr.hooks()
+    out["asleep"] = {
+        "visible": len(hooks),
+        "raw": len(fr.raw_keys()),
+        "alive": n2.RecorderHandle.alive(),
+        "tp": hooks.get(tp),
+    }
+    rpg.reload_process_groups()
+    out["after"] = snapshot()
+    out["sum_after"] = _sum(dist, ctx.rank, tp)
+    return out
+
+
+def test_the_flight_recorder_map_follows_aliases_and_the_world_swap() -> None:
+    """With 2.15's ``_world.pg_flight_recorder_hooks`` (modelled): a reloadable group and
+    WORLD's stand-in answer for their native group's recorder handle there, as in torch's other
+    maps, without showing twice in its length or values; when the destroy removes the native
+    groups (WORLD swapped for a CPU WORLD, 'tp' destroyed), no entry and no handle stays
+    behind (a kept handle holds its group alive: a leak); after the reload each again
+    answers for its new native group's handle."""
+    for rank, out in enumerate(_ranks(_recorder_map)):
+        for phase in ("awake", "after"):
+            got = out[phase]
+            assert (got["tp_carried"], got["world_carried"]) == (True, True), (rank, phase, got)
+            assert (got["visible"], got["distinct_values"]) == (2, 2), (rank, phase, got)
+            assert (got["alive"], got["stale"]) == (2, 0), (rank, phase, got)
+        asleep = out["asleep"]
+        assert asleep == {"visible": 0, "raw": 0, "alive": 0, "tp": None}, (rank, asleep)
+        assert out["sum_after"] == 3.0
+
+
 # ---- 2. the doctor names the implementation and keys its warnings on it --------------------
 
 
