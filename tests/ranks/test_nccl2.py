@@ -130,7 +130,20 @@ def _splits(ctx: Rank) -> dict[str, Any]:
     out["device_mesh"] = _outcome(
         lambda: init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
     )
-    out["made_asleep"] = made
+    # A layer on top of ours that wraps groups itself (slime's patch): we step back for it,
+    # and the refusal still comes first.
+    ours = dist.new_group
+
+    def outer(*args: Any, **kwargs: Any) -> Any:
+        return ours(*args, **kwargs)
+
+    outer.__reloadpg_outer_wraps__ = True  # type: ignore[attr-defined]
+    dist.new_group = outer
+    try:
+        out["outer_layer"] = _outcome(lambda: dist.new_group([0, 1]))
+    finally:
+        dist.new_group = ours
+    out["made_asleep"] = len(c10d._world.pg_map) - count - out["gloo_made"]
     out["reached_asleep"] = _log(s, since)
     out["world_state_asleep"] = world.state
     rpg.reload_process_groups()
@@ -146,8 +159,9 @@ def test_new_group_split_from_a_sleeping_world_is_refused_before_the_backend() -
     at creation, as 2.15's nccl2 does) sleeps: ``new_group()`` raises ``GroupSuspendedError``
     naming WORLD and ``reload_process_groups()``, on every rank, before torch reaches the
     backend (WORLD's log has no split while asleep, torch's maps gained no group, WORLD stays
-    suspended, not faulted). Awake, the same creation splits WORLD's communicator (the
-    stand-in does what it models), and after the reload a new group works."""
+    suspended, not faulted), also through a layer on top of ours that wraps groups itself
+    (slime's patch, which we step back for). Awake, the same creation splits WORLD's
+    communicator (the stand-in does what it models), and after the reload a new group works."""
     for rank, out in enumerate(_ranks(_splits)):
         assert out["split_awake"] == [("nccl2_split", "split", "awake", "ok")], out
         assert out["world_state"] == "suspended", out
@@ -155,6 +169,8 @@ def test_new_group_split_from_a_sleeping_world_is_refused_before_the_backend() -
         assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
         assert "new_group()" in text, text
         assert out["made_asleep"] == 0, out
+        kind, text = out["outer_layer"]  # slime's patch on top: it wraps, we step back
+        assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
         assert [c for c in out["reached_asleep"] if c[1] in ("split", "shrink")] == [], out
         assert out["world_state_asleep"] == "suspended", out
         assert out["after"] == ("ok", 3.0), out["after"]
