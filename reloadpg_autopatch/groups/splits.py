@@ -67,15 +67,11 @@ def refuse_new_group(backend: Any = None) -> None:
     _refuse("new_group()", None, lambda record, asleep: _would_split(record, asleep, backend))
 
 
-def refuse_split(call: str, parent: Any = None, devices: Any = None) -> None:
-    """Raise ``GroupSuspendedError`` if ``call`` (``split_group``, ``shrink_group``) works on a
-    communicator of ``parent`` (None: WORLD) that sleeps; ``devices``: the device types the
-    call keeps (``split_group(device_types=...)``; None: all)."""
-    if devices is None:
-        _refuse(call, parent, lambda record, asleep: asleep)
-        return
-    kept = {str(getattr(d, "type", d)) for d in devices}
-    _refuse(call, parent, lambda record, asleep: asleep & kept)
+def refuse_split(call: str, parent: Any = None) -> None:
+    """Raise ``GroupSuspendedError`` if ``call`` (``split_group``, ``shrink_group``) works on
+    ``parent`` (None: WORLD) while any of its communicators sleeps (a ``split_group`` that
+    keeps only an awake CPU leg is refused too: it waits for the reload like the rest)."""
+    _refuse(call, parent, lambda record, asleep: asleep)
 
 
 def _refuse(call: str, parent: Any, narrow: Callable[[Record, set[str]], set[str]]) -> None:

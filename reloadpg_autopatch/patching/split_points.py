@@ -29,9 +29,7 @@ def make_split_group(original: Callable[..., Any]) -> Callable[..., Any]:
     """``ProcessGroup.split_group`` that refuses to split a sleeping parent (``self``)."""
 
     def split_group(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # pybind's signature: (ranks, timeout, opts, group_name, group_desc, device_types)
-        devices = kwargs.get("device_types", args[5] if len(args) > 5 else None)
-        _splits().refuse_split("split_group()", self, devices)
+        _splits().refuse_split("split_group()", self)
         return original(self, *args, **kwargs)
 
     return mark(split_group, original)

@@ -110,7 +110,9 @@ def _splits(ctx: Rank) -> dict[str, Any]:
     from torch.distributed import distributed_c10d as c10d
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist, rpg, s, n2 = _start(ctx, "suspend", world="nccl2_split", register=True)
+    # WORLD's CPU leg is gloo (awake while asleep), its accelerator leg splits new groups.
+    world_backend = f"cpu:gloo,{suspendable.ACCELERATOR}:nccl2_split"
+    dist, rpg, s, n2 = _start(ctx, "suspend", world=world_backend, register=True)
     world = n2.world_backend()
     out: dict[str, Any] = {}
     since = len(s.CALLS)
@@ -123,6 +125,8 @@ def _splits(ctx: Rank) -> dict[str, Any]:
     made = len(c10d._world.pg_map) - count
     out["gloo"] = _outcome(lambda: _sum(dist, ctx.rank, dist.new_group([0, 1], backend="gloo")))
     out["gloo_made"] = len(c10d._world.pg_map) - count - made
+    # Another backend that holds accelerator memory: 2.15 picks the split source by device.
+    out["other_accelerator"] = _outcome(lambda: dist.new_group(backend=n2.nonblocking_backend()))
     out["split_group"] = _outcome(lambda: dist.group.WORLD.split_group([0, 1]))
     out["split_of_tp"] = _outcome(lambda: tp.split_group([0, 1]))
     if ctx.rank == 0:  # an excluded rank must not call shrink_group
@@ -156,8 +160,9 @@ def _splits(ctx: Rank) -> dict[str, Any]:
 
 def test_new_group_split_from_a_sleeping_world_is_refused_before_the_backend() -> None:
     """WORLD (registered, on a backend that splits each new group from WORLD's communicator
-    at creation, as 2.15's nccl2 does) sleeps: ``new_group()`` raises ``GroupSuspendedError``
-    naming WORLD and ``reload_process_groups()``, on every rank, before torch reaches the
+    at creation, as 2.15's nccl2 does) sleeps: ``new_group()``, and ``new_group`` on another
+    backend that holds accelerator memory, raise ``GroupSuspendedError`` naming WORLD and
+    ``reload_process_groups()``, on every rank, before torch reaches the
     backend (WORLD's log has no split while asleep, torch's maps gained no group, WORLD stays
     suspended, not faulted), also through a layer on top of ours that wraps groups itself
     (slime's patch, which we step back for). Awake, the same creation splits WORLD's
@@ -168,6 +173,8 @@ def test_new_group_split_from_a_sleeping_world_is_refused_before_the_backend() -
         kind, text = out["new_group"]
         assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
         assert "new_group()" in text, text
+        kind, text = out["other_accelerator"]
+        assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
         assert out["made_asleep"] == 0, out
         kind, text = out["outer_layer"]  # slime's patch on top: it wraps, we step back
         assert _refused_for_sleeping(kind, text, "WORLD"), (rank, kind, text)
@@ -423,6 +430,13 @@ def _recorder_map(ctx: Rank) -> dict[str, Any]:
     rpg.reload_process_groups()
     out["after"] = snapshot()
     out["sum_after"] = _sum(dist, ctx.rank, tp)
+    dist.destroy_process_group(tp)  # the program lets it go: WORLD stays
+    hooks = fr.hooks()
+    out["released"] = {
+        "visible": len(hooks),
+        "raw": len(fr.raw_keys()),  # WORLD's handle and its stand-in's alias
+        "alive": n2.RecorderHandle.alive(),
+    }
     return out
 
 
@@ -432,7 +446,8 @@ def test_the_flight_recorder_map_follows_aliases_and_the_world_swap() -> None:
     maps, without showing twice in its length or values; when the destroy removes the native
     groups (WORLD swapped for a CPU WORLD, 'tp' destroyed), no entry and no handle stays
     behind (a kept handle holds its group alive: a leak); after the reload each again
-    answers for its new native group's handle."""
+    answers for its new native group's handle; a group the program releases takes its alias
+    and its handle with it, while WORLD keeps its own."""
     for rank, out in enumerate(_ranks(_recorder_map)):
         for phase in ("awake", "after"):
             got = out[phase]
@@ -442,6 +457,7 @@ def test_the_flight_recorder_map_follows_aliases_and_the_world_swap() -> None:
         asleep = out["asleep"]
         assert asleep == {"visible": 0, "raw": 0, "alive": 0, "tp": None}, (rank, asleep)
         assert out["sum_after"] == 3.0
+        assert out["released"] == {"visible": 1, "raw": 2, "alive": 1}, (rank, out["released"])
 
 
 # ---- 2. the doctor names the implementation and keys its warnings on it --------------------
