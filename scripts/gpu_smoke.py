@@ -17,8 +17,11 @@ data on its first run there:
   NCCL's C API through ctypes where torch is older than its NCCL), the demo's cycle in the
   wrapper mode on ``nccl``, the wrapper mode's checks (WORLD swapped and back, the memory
   guard, a CUDA memory pool across a reload, the cycle report against ``mem_get_info``), the
-  package's suspend mode, nccl2 in place, and the suspend probes (a raw collective on a
-  suspended communicator last: it may fault the GPU).
+  package's suspend mode and in place, each on ``nccl`` and on ``nccl-legacy`` (each run
+  records which implementation it got: torch 2.15's ``nccl`` is nccl2; on torch 2.14 the
+  ``nccl`` pass sets ``TORCH_DIST_USE_NCCL2=1`` so that the two passes cover nccl2 and the
+  classic backend there too), and the suspend probes (a raw collective on a suspended
+  communicator last: it may fault the GPU).
 - ``DIR/smoke.json`` is written as each step and each run starts and ends, and twice a second
   while ranks report (a temporary file, then a rename), so a run cut at its limit still
   returns its data, the running step's included. Every rank is a fresh
@@ -166,6 +169,8 @@ class Facts:
         self.symbols = get("nccl", "library", "symbols") or {}
         self.c_api = get("nccl", "c_api") or {}
         self.nccl2 = bool(get("implementation", "nccl2_available"))
+        self.nccl_means = get("implementation", "nccl")  # "classic" or "nccl2"
+        self.nccl_legacy = bool(get("implementation", "nccl_legacy_available"))
 
     def get(self, *keys: str) -> Any:
         """The preflight's value at ``keys`` (None where any level is missing)."""
@@ -231,7 +236,7 @@ EVERYTHING: dict[str, Any] = {
         "c_api": {"callable": True},
         "torch_build": [2, 30, 7],
     },
-    "implementation": {"nccl2_available": True},
+    "implementation": {"nccl2_available": True, "nccl_legacy_available": True, "nccl": "classic"},
 }
 
 
@@ -290,6 +295,44 @@ def _plan_wrapper_checks(facts: Facts) -> tuple[list[Run], str | None]:
     return [Run(f"checks on {backend}", "checks", 1, 40.0, env, ("--backend", backend))], None
 
 
+#: The implementations the suspend and in-place passes run on: plain ``nccl`` (nccl2 from torch
+#: 2.15 on) and ``nccl-legacy`` (the classic ProcessGroupNCCL, by name, from torch 2.14 on).
+IMPLEMENTATIONS = ("nccl", "nccl-legacy")
+NCCL2_ENV = "TORCH_DIST_USE_NCCL2"
+
+
+def _nccl_env(facts: Facts) -> dict[str, str]:
+    """What the ``nccl`` pass needs for ``nccl`` to mean nccl2, as on torch 2.15: nothing
+    there; on a torch where it means the classic backend and nccl2 exists (2.14),
+    ``TORCH_DIST_USE_NCCL2=1`` (the ``nccl-legacy`` pass covers the classic one)."""
+    if not facts.rehearse and facts.nccl_means == "classic" and facts.nccl2:
+        return {NCCL2_ENV: "1"}
+    return {}
+
+
+def _passes(
+    facts: Facts,
+    label: str,
+    program: str,
+    size: int,
+    *,
+    env: dict[str, str],
+    deadlines: tuple[float, float],
+    legacy_options: tuple[str, ...] = (),
+) -> list[Run]:
+    """One run per implementation (``nccl-legacy`` where this torch has it)."""
+    runs = []
+    for backend, deadline in zip(IMPLEMENTATIONS, deadlines, strict=True):
+        if backend == "nccl-legacy" and not (facts.rehearse or facts.nccl_legacy):
+            continue
+        extra = _nccl_env(facts) if backend == "nccl" else {}
+        options = ("--backend", backend) + (legacy_options if backend != "nccl" else ())
+        runs.append(
+            Run(f"{label} on {backend}", program, size, deadline, {**env, **extra}, options)
+        )
+    return runs
+
+
 def _plan_package_suspend(facts: Facts) -> tuple[list[Run], str | None]:
     reason = _gpu_reason(facts) or facts.package_reason() or facts.torch_suspend_reason()
     if reason is not None:
@@ -298,7 +341,18 @@ def _plan_package_suspend(facts: Facts) -> tuple[list[Run], str | None]:
     env = {GATE: "1", MODE_ENV: "suspend"}
     if size == 2:
         env["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
-    return [Run(f"suspend mode, world size {size}", "package_suspend", size, 50.0, env)], None
+    # The classic pass runs one cycle: the nccl pass measures the second.
+    label = f"suspend mode, world size {size},"
+    runs = _passes(
+        facts,
+        label,
+        "package_suspend",
+        size,
+        env=env,
+        deadlines=(50.0, 30.0),
+        legacy_options=("--cycles", "1"),
+    )
+    return runs, None
 
 
 def _plan_native(facts: Facts) -> tuple[list[Run], str | None]:
@@ -309,12 +363,9 @@ def _plan_native(facts: Facts) -> tuple[list[Run], str | None]:
         reason = f"torch {facts.torch} has no nccl2 backend (its entry point registered none)"
     if reason is not None:
         return [], reason
-    backend = "gloo" if facts.rehearse else "nccl2"
     env = {GATE: "1", MODE_ENV: "native"}
-    return [
-        Run(f"demo on {backend}", "demo", 1, 40.0, env, ("--backend", backend)),
-        Run(f"checks on {backend}", "checks", 1, 30.0, env, ("--backend", backend)),
-    ], None
+    # The classic backend cannot reconfigure: its pass checks the refusal, which is quick.
+    return _passes(facts, "in place: checks", "checks", 1, env=env, deadlines=(27.0, 18.0)), None
 
 
 def _plan_probes(facts: Facts) -> tuple[list[Run], str | None]:
@@ -358,10 +409,15 @@ STEPS = (
     ),
     Step(
         "package_suspend",
-        "the package's suspend mode: WORLD kept, the guard, the report's NCCL figures",
+        "the package's suspend mode on nccl and nccl-legacy: WORLD kept, the guard, no new "
+        "group split from a sleeping WORLD, the report's NCCL figures",
         _plan_package_suspend,
     ),
-    Step("native_nccl2", "nccl2 reloaded in place (native mode)", _plan_native),
+    Step(
+        "native_nccl2",
+        "in place (native mode) on nccl and nccl-legacy: nccl2 rebuilt, the classic one refused",
+        _plan_native,
+    ),
     Step(
         "suspend_probes",
         "strict suspend refusals, then a raw collective on a suspended communicator",

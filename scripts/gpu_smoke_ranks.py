@@ -29,6 +29,7 @@ from gpu_smoke import (
     GATE,
     GROUPS,
     HOST,
+    IMPLEMENTATIONS,
     MEM_STATS,
     MODE_ENV,
     NCCL_SUSPEND_MEM,
@@ -229,7 +230,7 @@ def nccl_implementation(dist: Any) -> dict[str, Any]:
     backend = dist.Backend
     ensure = getattr(backend, "_ensure_backend_registered", None)
     out: dict[str, Any] = {"entry_points": ensure is not None}
-    for name in ("nccl", "nccl2"):
+    for name in ("nccl", "nccl2", "nccl-legacy"):
         if ensure is not None:
             try:
                 ensure(name)
@@ -247,6 +248,7 @@ def nccl_implementation(dist: Any) -> dict[str, Any]:
         flag = os.environ.get("TORCH_DIST_USE_NCCL2")
         out["nccl_how"] = f"registered creator {name} (TORCH_DIST_USE_NCCL2={flag!r})"
     out["nccl2_available"] = "NCCL2" in plugins or "nccl2" in list(backend.backend_list)
+    out["nccl_legacy_available"] = "NCCL-LEGACY" in plugins
     out["nccl2_how"] = (
         "registered from its entry point (torch.distributed.backends)"
         if "NCCL2" in plugins
@@ -367,6 +369,35 @@ def _made_groups(ctx: Ctx, torch: Any, dist: Any) -> dict[str, Any]:
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
     return made
+
+
+def _implementation(ctx: Ctx, group: Any, device: Any) -> dict[str, Any]:
+    """Which implementation served ``group`` on ``device`` (the package's reading of what the
+    backend answers), what was asked for, and the variable that chose what ``nccl`` means."""
+    from reloadpg_autopatch.groups import implementations
+
+    native = getattr(group, "group", None) or group  # behind the package's wrapper, if any
+    try:
+        found = implementations.describe(native._get_backend(device))
+    except Exception as error:
+        found = {"error": error_line(error)}
+    found.update(
+        asked=ctx.backend,
+        variable=implementations.VARIABLE,
+        value=os.environ.get(implementations.VARIABLE),
+    )
+    _data(implementation=found)
+    return found
+
+
+def _check_implementation(ctx: Ctx, found: dict[str, Any]) -> None:
+    """On a GPU, ``nccl-legacy`` is the classic backend and the ``nccl`` pass is nccl2 (the
+    plan sets the variable where ``nccl`` is not nccl2 by default)."""
+    want = {"nccl-legacy": "classic", "nccl": "nccl2"}.get(str(ctx.backend))
+    if ctx.rehearse or want is None:
+        _check("the implementation asked for", None, f"rehearsal: {found}")
+        return
+    _check("the implementation asked for", found.get("implementation") == want, str(found))
 
 
 # ---- NCCL's suspend, raw ----------------------------------------------------------------------
@@ -676,6 +707,44 @@ class _PretendMemory:
         self.cleared += 1
 
 
+def _checks_backend(ctx: Ctx) -> str:
+    """The backend a checks run starts WORLD on: the one asked for; in the rehearsal gloo for
+    ``nccl``, and for ``nccl-legacy`` the stand-in that cannot reconfigure (variant B, torch
+    2.14: the classic backend's answer), so that the refusal is rehearsed too."""
+    if not ctx.rehearse:
+        return str(ctx.backend)
+    if ctx.backend == "nccl-legacy":
+        stand_in = _stand_in()
+        if stand_in.python_backend_available():
+            return stand_in.NAME_B
+    return "gloo"
+
+
+def _reconfigurable(world: Any) -> bool:
+    try:
+        return bool(getattr(world, "supports_reconfigure", False))
+    except Exception:
+        return False
+
+
+def _refused_in_place(ctx: Ctx, rpg: Any, dist: Any, found: dict[str, Any]) -> None:
+    """Native mode on an implementation that cannot reconfigure: refused by name, up front."""
+    try:
+        rpg.register_default_process_group()
+        dist.new_group(list(range(ctx.world_size)))
+        refused = "no error"
+    except Exception as error:
+        refused = error_line(error)
+    _data(in_place_refused=refused)
+    _check(
+        f"in place refused for {found.get('implementation')} (it cannot reconfigure)",
+        refused.startswith("ModeRefusedError") and "reconfigure" in refused,
+        refused,
+    )
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
 def _rank_checks(ctx: Ctx) -> None:
     """Wrapper (or native) mode: WORLD, the guard, a memory pool and the cycle report."""
     import logging
@@ -688,20 +757,26 @@ def _rank_checks(ctx: Ctx) -> None:
     import reloadpg_autopatch as rpg
 
     device = _device(ctx)
+    backend = _checks_backend(ctx)
     dist.init_process_group(
-        ctx.backend,
+        backend,
         init_method=ctx.init_method,
         rank=ctx.rank,
         world_size=ctx.world_size,
         timeout=ctx.timeout(),
     )
+    in_place_pass = os.environ.get(MODE_ENV) == "native" and ctx.backend in IMPLEMENTATIONS
+    if in_place_pass:  # which implementation ran, and the refusal where it cannot rebuild
+        found = _implementation(ctx, dist.group.WORLD, device)
+        _check_implementation(ctx, found)
+        if not _reconfigurable(dist.group.WORLD):
+            _refused_in_place(ctx, rpg, dist, found)
+            return
     pretend = _PretendMemory() if ctx.rehearse else None
     if pretend is not None:
         rpg.set_memory_probe(pretend.figures, device_types=("cpu",), clear=pretend.clear)
     # On gloo, name gloo the accelerator so that WORLD is swapped as NCCL's WORLD is.
-    rpg.register_default_process_group(
-        accelerator_backends=(ctx.backend,) if ctx.rehearse else None
-    )
+    rpg.register_default_process_group(accelerator_backends=(backend,) if ctx.rehearse else None)
     rpg.set_wrap_policy("all")
     group = dist.new_group(list(range(ctx.world_size)))
     one = torch.ones(1, device=device)
@@ -928,7 +1003,7 @@ def _rank_package_suspend(ctx: Ctx) -> None:
         rpg.set_memory_probe(stand_in.memory_probe, device_types=("cpu", stand_in.ACCELERATOR))
         backend, kwargs = stand_in.NAME_A, {}
     else:
-        backend, kwargs = "nccl", {"device_id": device}
+        backend, kwargs = ctx.backend or "nccl", {"device_id": device}
     dist.init_process_group(
         backend,
         init_method=ctx.init_method,
@@ -938,6 +1013,7 @@ def _rank_package_suspend(ctx: Ctx) -> None:
         **kwargs,
     )
     _data(mode=rpg.get_reload_mode(), backend=backend)
+    _check_implementation(ctx, _implementation(ctx, dist.group.WORLD, device))
     rpg.register_default_process_group()
     control = dist.new_group(backend="gloo")  # left awake by the mode
     groups = [dist.new_group(list(range(ctx.world_size))) for _ in range(GROUPS)]
@@ -946,7 +1022,7 @@ def _rank_package_suspend(ctx: Ctx) -> None:
     _warm(everyone, ctx, device)
     graph = _capture(ctx, torch, dist, groups[0], device)
     cycles = []
-    for number in (1, 2):
+    for number in range(1, ctx.cycles + 1):
         cycle: dict[str, Any] = {"free_before": _free_bytes(device, control, stand_in)}
         started = time.perf_counter()
         rpg.destroy_process_groups()
@@ -961,6 +1037,11 @@ def _rank_package_suspend(ctx: Ctx) -> None:
         c = torch.ones(4)
         dist.all_reduce(c, group=control)
         cycle["gloo_asleep"] = c.tolist()
+        try:  # its communicator would be split from WORLD's, which sleeps (nccl2: at creation)
+            dist.new_group(list(range(ctx.world_size)))
+            cycle["new_group_asleep"] = "no error: A GROUP WAS SPLIT FROM A SLEEPING WORLD"
+        except Exception as error:
+            cycle["new_group_asleep"] = error_line(error)
         started = time.perf_counter()
         rpg.reload_process_groups()
         cycle["reload_ms"] = round((time.perf_counter() - started) * 1e3, 3)
@@ -979,6 +1060,12 @@ def _rank_package_suspend(ctx: Ctx) -> None:
             f"cycle {number}: a gloo group works while asleep",
             cycle["gloo_asleep"] == [float(ctx.world_size)] * 4,
             str(cycle["gloo_asleep"]),
+        )
+        _check(
+            f"cycle {number}: a new group while WORLD sleeps is refused",
+            "GroupSuspendedError" in cycle["new_group_asleep"]
+            and "WORLD" in cycle["new_group_asleep"],
+            cycle["new_group_asleep"],
         )
         _check(f"cycle {number}: right results after the reload", cycle["correct_after_resume"], "")
         nccl = cycle["report"].get("nccl") or {}

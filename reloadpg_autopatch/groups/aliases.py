@@ -12,6 +12,14 @@ An alias must not change what torch sees, and must not cost torch anything:
 - the maps are dicts that leave aliases out of ``len`` and iteration, so torch's teardown loop
   shuts each group down once and its name hashing (which counts ``pg_names``) is unchanged;
 - an alias holds its wrapper weakly, so a group the program drops can still be collected.
+
+torch 2.15 adds ``_world.pg_flight_recorder_hooks``: each group's flight-recorder handle, which
+detaches the recorder when dropped and holds its group alive while kept. It is an attribute of
+the ``_world`` object (not a module-level map), and it gets aliases like the others: a
+reloadable group answers for its native group's handle, ``unlink`` takes the alias away before
+the native group goes (an alias left behind would keep the handle, and so the old group,
+alive), and torch's own destroy pops or clears the rest, as it does for every other map. The
+names registry (``names``) is torch's C++ one and holds no handle.
 """
 
 from __future__ import annotations
@@ -108,8 +116,34 @@ def _names_an_alias(key: Any) -> bool:
     return type(key) is AliasKey or (type(key) is not _Native and isinstance(key, _Native))
 
 
+#: torch 2.15's map of flight-recorder handles, read through this property of ``_world``.
+RECORDER_MAP = "pg_flight_recorder_hooks"
+
+
+def _recorder_attribute() -> str | None:
+    """The attribute of ``_world`` behind ``_world.pg_flight_recorder_hooks`` (torch 2.15;
+    None before 2.15, or where the property hands out anything but that attribute)."""
+    world = c10d._world
+    try:
+        current = getattr(world, RECORDER_MAP, None)
+    except Exception:  # a property of a torch we do not know: leave it alone
+        return None
+    if not isinstance(current, dict):
+        return None
+    return next((name for name, value in vars(world).items() if value is current), None)
+
+
+def _present() -> list[Any]:
+    """torch's maps that exist here: the module-level ones, and the recorder map."""
+    found = [getattr(c10d, name) for name in MAPS if hasattr(c10d, name)]
+    recorder = _recorder_attribute()
+    if recorder is not None:
+        found.append(getattr(c10d._world, recorder))
+    return found
+
+
 def _maps() -> list[AliasingMap]:
-    return [getattr(c10d, name) for name in MAPS if type(getattr(c10d, name, None)) is AliasingMap]
+    return [value for value in _present() if type(value) is AliasingMap]
 
 
 def install() -> bool:
@@ -120,12 +154,17 @@ def install() -> bool:
         current = getattr(c10d, name, None)
         if isinstance(current, dict) and type(current) is not AliasingMap:
             setattr(c10d, name, AliasingMap(current))
+    recorder = _recorder_attribute()
+    if recorder is not None:
+        current = getattr(c10d._world, recorder)
+        if type(current) is not AliasingMap:
+            setattr(c10d._world, recorder, AliasingMap(current))
     return installed()
 
 
 def installed() -> bool:
     """Whether every map behind ``_world`` can hold aliases (the doctor asks)."""
-    present = [getattr(c10d, name) for name in MAPS if hasattr(c10d, name)]
+    present = _present()
     return bool(present) and all(type(value) is AliasingMap for value in present)
 
 

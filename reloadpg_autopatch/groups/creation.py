@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .._originals import destroy_native
-from . import guard, mode, names, policy, process, registry, ways
+from . import guard, mode, names, policy, process, registry, splits, ways
 from .record import State
 from .recreation import new_group_signature
 from .stepping import threaded_world
@@ -30,8 +30,21 @@ logger = logging.getLogger("reloadpg_autopatch")
 _Native = dist.ProcessGroup
 
 
+def refuse_while_asleep(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``new_group(*args, **kwargs)`` refused while WORLD's communicator it would split from
+    sleeps (for a creation this package does not wrap: an outer layer wraps it)."""
+    try:
+        arguments = new_group_signature().bind(*args, **kwargs).arguments
+    except TypeError:
+        return  # torch raises its own error
+    splits.refuse_new_group(arguments.get("backend"))
+
+
 def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Create a group with ``create_native`` (torch's ``new_group``); record and wrap it."""
+    """Create a group with ``create_native`` (torch's ``new_group``); record and wrap it.
+
+    Refused first (``GroupSuspendedError``) when its communicator would be split from a
+    sleeping WORLD's (``splits``)."""
     holder = process.current()
     if threaded_world():
         return create_native(*args, **kwargs)  # ranks are threads: see threaded_world()
@@ -41,6 +54,8 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         arguments = new_group_signature().bind(*args, **kwargs).arguments
     except TypeError:
         return create_native(*args, **kwargs)  # raises torch's own error
+    # Before torch is called: its communicator may be split from a sleeping WORLD's.
+    splits.refuse_new_group(arguments.get("backend"))
     wrap = dist.is_initialized() and policy.should_wrap(
         arguments.get("ranks"), arguments.get("backend"), destroys_every_group()
     )

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from .. import _env, _originals
 from ..errors import ReloadPGError
 from . import destroy, process, registry, reload
-from .creation import create
+from .creation import create, refuse_while_asleep
 from .release import release
 from .report import CycleReport
 from .stepping import threaded_world
@@ -82,6 +82,7 @@ __all__ = [
     "last_cycle_report",
     "native_world",
     "not_active_error",
+    "refuse_while_asleep",
     "register_default_process_group",
     "release",
     "reload_process_groups",

@@ -157,6 +157,7 @@ def patch(
             )
             patchset.set_current(built)
             _originals.note_patched()
+            install.guard_splits()
             dynamo.register(built, load=load_dynamo_table)
             rebound = sweep.rebind_torch()
             logger.info(

@@ -97,6 +97,7 @@ def make_new_group(
                 if reason is not None:
                     _step_back(outer, reason)
                     _complete(f"{_label(outer)} wraps groups")
+                    _lifecycle().refuse_while_asleep(args, kwargs)
                     return original(*args, **kwargs)
         group = _lifecycle().create(original, args, kwargs)
         if type(group) is ReloadableProcessGroup:

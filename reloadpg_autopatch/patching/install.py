@@ -59,3 +59,31 @@ def complete(reason: str) -> None:
             "installed the collective wrappers too (%s); rebound %d bindings", reason, len(rebound)
         )
     sweep.rebind(None)
+
+
+def guard_splits() -> list[str]:
+    """Make torch's split points refuse a sleeping parent (``split_points``); idempotent.
+
+    Each is looked up, not assumed: a torch without one (``shrink_group`` is recent) keeps
+    what it has. Returns the names it changed.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from . import split_points
+    from .wrapgen import is_generated
+
+    points = (
+        (dist.ProcessGroup, "split_group", split_points.make_split_group),
+        (c10d, "_validate_shrink_backend_requirements", split_points.make_shrink_check),
+    )
+    changed = []
+    for owner, name, make in points:
+        current = getattr(owner, name, None)
+        if current is None or is_generated(current):
+            continue
+        setattr(owner, name, make(current))
+        changed.append(name)
+    if changed:
+        logger.debug("split points that refuse a sleeping parent: %s", ", ".join(changed))
+    return changed

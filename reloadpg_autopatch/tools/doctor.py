@@ -274,7 +274,7 @@ def _check_mode(report: Report) -> None:
     import torch
     import torch.distributed as dist
 
-    from ..groups import lifecycle, mode
+    from ..groups import implementations, lifecycle, mode
     from ..groups.ways import inplace, suspend
     from ..groups.ways.wrapper import ReloadableProcessGroup
 
@@ -303,21 +303,29 @@ def _check_mode(report: Report) -> None:
         "variable": os.environ.get(_env.MODE_ENV),
         "backends": backends,
     }
+    default = dist.GroupMember.WORLD if dist.is_initialized() else None
+    in_use = _nccl(report, default)
     if chosen in ("suspend", "auto"):
         warnings = [w for w in (suspend.environment_refusal(),) if w]
-        default = dist.GroupMember.WORLD if dist.is_initialized() else None
-        nccl = default is not None and "nccl" in str(dist.get_backend()).lower()
-        if nccl and getattr(default, "bound_device_id", None) is None:
+        unbound = getattr(default, "bound_device_id", None) is None
+        if implementations.CLASSIC in in_use and unbound:
             warnings.append(
-                "WORLD has no device_id: NCCL creates p2p communicators lazily, which suspend "
-                "neither frees nor counts; pass device_id to init_process_group"
+                "WORLD has no device_id: the classic ProcessGroupNCCL creates p2p "
+                "communicators lazily, which suspend neither frees nor counts; pass device_id "
+                "to init_process_group"
             )
-        if nccl and os.environ.get("NCCL_NVLS_ENABLE", "").strip() != "0":
+        if in_use and os.environ.get("NCCL_NVLS_ENABLE", "").strip() != "0":
             warnings.append(
                 "NVLS buffers stay resident while asleep (NCCL_NVLS_ENABLE=0 frees more on "
                 "NVSwitch nodes)"
             )
-        if "nccl-lazy" in backends:
+        if implementations.NCCL2 in in_use:
+            warnings.append(
+                "nccl2 makes each new group's communicator by splitting WORLD's at creation: "
+                "no group is created while WORLD sleeps (new_group, split_group and "
+                "shrink_group raise GroupSuspendedError until reload_process_groups())"
+            )
+        if implementations.LAZY in in_use or "nccl-lazy" in backends:
             warnings.append(
                 "nccl-lazy suspends its pair communicators in map order, which may not match "
                 "across ranks"
@@ -338,6 +346,37 @@ def _check_mode(report: Report) -> None:
             "warnings": warnings,
             "resident_always": "inter-node network buffers and NVLS buffers stay resident",
         }
+
+
+def _nccl(report: Report, world: Any) -> set[str]:
+    """What ``nccl`` resolves to here and what serves WORLD; returns the NCCL implementations
+    in use (WORLD's backends as they answer; where WORLD's backends do not answer and its
+    backend names ``nccl``, what that name resolves to)."""
+    import torch.distributed as dist
+
+    from ..groups import implementations
+    from ..groups.backends import component_names
+
+    info = implementations.resolution()
+    # The native WORLD, also behind its stand-in while it sleeps (its record keeps it).
+    native = getattr(world, "group", None) or getattr(
+        getattr(world, "_record", None), "native", None
+    )
+    native = native if native is not None else world
+    legs = implementations.of_group(native) if native is not None else []
+    info["world"] = legs
+    report.fidelity["nccl"] = info
+    nccl = set(implementations.CLASSES)
+    in_use = {leg["implementation"] for leg in legs} & nccl
+    if world is not None and not legs:
+        try:
+            names = component_names(dist.get_backend())
+        except Exception:  # torch no longer knows WORLD
+            names = ()
+        if "nccl" in names:
+            in_use.add(info["resolves_to"])
+        in_use |= {implementations.BY_NAME[n] for n in names if n in ("nccl2", "nccl-lazy")}
+    return in_use
 
 
 def _action(report: Report, name: str, group: Any) -> str:
@@ -683,6 +722,19 @@ def render(report: Report) -> str:
         lines.append(f"  mode         {m['mode']} ({_env.MODE_ENV}={excerpt(m['variable'])})")
         for backend, how in m["backends"].items():
             lines.append(f"                 {backend}: {how}")
+    if fid.get("nccl"):
+        n = fid["nccl"]
+        shown = "unset" if n["value"] is None else excerpt(n["value"])
+        absent = "" if n["nccl_available"] else "; this torch build has no NCCL"
+        lines.append(
+            f"  nccl         'nccl' resolves to {n['resolves_to']} ({n['variable']}={shown}; "
+            f"this torch's default: {n['default']}; {n['how']}{absent})"
+        )
+        for leg in n["world"]:
+            lines.append(
+                f"                 WORLD on {leg['device']}: {leg['class']} "
+                f"(name() {leg['name']!r}: {leg['implementation']})"
+            )
     if fid.get("suspend"):
         sus = fid["suspend"]
         nccl = (

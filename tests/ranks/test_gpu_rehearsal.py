@@ -214,6 +214,12 @@ def _torch_can(what: str) -> bool:
     if what == "suspend":
         backend = torch._C._distributed_c10d.Backend
         return all(hasattr(backend, n) for n in ("suspend", "resume", "memory_stats"))
+    if what == "python_backend":  # a Python-constructible Backend: the stand-in's variant B
+        try:
+            torch._C._distributed_c10d.Backend(0, 1)
+        except TypeError:
+            return False
+        return True
     return hasattr(dist.ProcessGroup, "reconfigure")
 
 
@@ -265,6 +271,28 @@ def test_the_rehearsal_runs_every_step_this_torch_allows(rehearsal) -> None:
     for name in must:
         assert status[name]["status"] == "ok", (name, status[name]["reason"])
     assert data["preflight"]["package"]["activated"] is True
+
+
+def test_the_suspend_and_in_place_passes_run_on_both_implementations(rehearsal) -> None:
+    """Where they run, the suspend and in-place steps have a run on ``nccl`` and one on
+    ``nccl-legacy``, and every rank of each records the implementation it got and what it
+    asked for; the rehearsal's classic stand-in (torch 2.14: one that cannot reconfigure)
+    is refused in native mode, as the classic backend is."""
+    _code, data, _output = rehearsal
+    ran = [s for s in data["steps"] if s["name"] in ("package_suspend", "native_nccl2")]
+    for step in (s for s in ran if s["status"] == "ok"):
+        labels = [run["label"] for run in step["runs"]]
+        assert [label.rsplit(" on ", 1)[-1] for label in labels] == ["nccl", "nccl-legacy"]
+        for run in step["runs"]:
+            asked = run["label"].rsplit(" on ", 1)[-1]
+            for rank in run["ranks"]:
+                found = rank["data"].get("implementation") or {}
+                assert found.get("asked") == asked, (run["label"], found)
+                assert isinstance(found.get("class"), str), (run["label"], found)
+    native = {s["name"]: s for s in ran}.get("native_nccl2")
+    if native is not None and native["status"] == "ok" and _torch_can("python_backend"):
+        legacy = native["runs"][1]["ranks"][0]["checks"]
+        assert any(c["name"].startswith("in place refused") for c in legacy), legacy
 
 
 def test_the_preflight_finds_what_the_gpu_run_decides_on(rehearsal) -> None:

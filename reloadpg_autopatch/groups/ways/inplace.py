@@ -47,7 +47,8 @@ def in_place_refusal(group: Any) -> str | None:
             f"it has several backends ({', '.join(names)}), and torch reconfigures a group with "
             "one backend only"
         )
-    if any(type(b).__name__ == "_ProcessGroupWrapper" for b in backends.values()):
+    # torch's debug wrapper says so by what it holds (torch peels it by ``wrapped_pg`` too).
+    if any(getattr(b, "wrapped_pg", None) is not None for b in backends.values()):
         return (
             "TORCH_DISTRIBUTED_DEBUG=DETAIL wraps its backend in torch's _ProcessGroupWrapper "
             "(which checks every collective's arguments across ranks), and that wrapper cannot "
@@ -60,7 +61,7 @@ def in_place_refusal(group: Any) -> str | None:
     if not supported:
         name = next(iter(backends.values()), None)
         label = type(name).__name__ if name is not None else "its backend"
-        return f"{label} does not support reconfigure (gloo and nccl2 do; nccl does not)"
+        return f"{label} does not support reconfigure (it answers supports_reconfigure=False)"
     return None
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from .... import _env
 from ...backends import device_backends, holds_accelerator_memory
+from .communicator import lazy_uninitialized, nonblocking
 
 _C10dBackend = getattr(torch._C, "_distributed_c10d", None)
 _C10dBackend = getattr(_C10dBackend, "Backend", None)
@@ -53,6 +54,9 @@ def probe(backend: Any) -> tuple[str, dict[str, int] | None, str]:
     """``(verdict, stats, why)`` from the backend's own ``memory_stats()``: local and cheap."""
     if not torch_can_suspend():
         return UNSUPPORTED, None, f"torch {torch.__version__} has no Backend.suspend"
+    lazy = lazy_uninitialized(backend)
+    if lazy is not None:  # asking would make its communicator: a collective, not a probe
+        return NOT_INITIALIZED, None, lazy
     try:
         stats = backend.memory_stats()
     except Exception as error:
@@ -95,16 +99,16 @@ def _version(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-def version_refusal(backend: Any) -> str | None:
-    """NCCL older than 2.29.7, where torch tells (build and runtime), for an NCCL backend."""
-    if "NCCL" not in type(backend).__name__.upper():
-        return None
+def version_refusal(backend: Any, device: Any = None) -> str | None:
+    """NCCL older than 2.29.7, where the backend tells (its build and runtime NCCL versions),
+    else where torch tells for a backend on a CUDA device; whatever the backend is called."""
     found = []
     for getter in ("get_build_nccl_version", "get_runtime_nccl_version"):
-        call = getattr(type(backend), getter, None)
-        with contextlib.suppress(Exception):
-            found.append((getter, _version(call())))
-    if not found:
+        call = getattr(type(backend), getter, None) or getattr(backend, getter, None)
+        if callable(call):
+            with contextlib.suppress(Exception):
+                found.append((getter, _version(call())))
+    if not found and getattr(device, "type", device) == "cuda":
         with contextlib.suppress(Exception):
             found.append(("torch.cuda.nccl.version", _version(torch.cuda.nccl.version())))
     for where, version in found:
@@ -126,6 +130,11 @@ def options_refusal(backend: Any) -> str | None:
         if int(getattr(config, "blocking", 1)) == 0:
             return "pg_options.config.blocking=0: nonblocking communicators are not measured"
     return None
+
+
+def communicator_refusal(backend: Any) -> str | None:
+    """What the communicator says of itself that makes suspend refuse it (nonblocking)."""
+    return nonblocking(backend)
 
 
 @dataclass
@@ -161,7 +170,12 @@ def capability(native: Any) -> Capability:
         verdict, _stats, why = probe(backend)
         name = _backend_name(backend)
         if verdict != UNSUPPORTED:
-            refusal = environment_refusal() or version_refusal(backend) or options_refusal(backend)
+            refusal = (
+                environment_refusal()
+                or version_refusal(backend, device)
+                or options_refusal(backend)
+                or communicator_refusal(backend)
+            )
             if refusal is None:
                 found.legs.append((device, backend))
                 found.answers.append(verdict)

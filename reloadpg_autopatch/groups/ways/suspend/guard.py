@@ -15,8 +15,15 @@ from typing import Any
 from ....errors import GroupSuspendedError
 from .capability import OK, STATS, probe
 
-#: The pre-hook id the guard registers under ("RPGS").
-HOOK_ID = 0x52504753
+#: The pre-hook id the guard registers under: "RPGS" in the high bytes, negative. torch 2.15
+#: fires pre-hooks in ascending id order and attaches its flight recorder's hook to nccl2
+#: groups at ids from 0x46524543 (its health check's from 0x4845414c); a guard at a larger id
+#: fires after the recorder, which then keeps every refused collective as "issued, never
+#: finished", a false lead in every hang dump. Below every id torch uses, the guard fires
+#: first and nothing else sees a refused call. torch accepts negative ids (checked on
+#: 2.14.1); an id already registered would be replaced silently, so it must be none of
+#: torch's either.
+HOOK_ID = -0x5250475300000000
 
 
 @dataclass
