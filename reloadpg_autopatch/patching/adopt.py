@@ -106,7 +106,7 @@ def monkey_patch_torch_dist() -> None:
 
 def _registration_for(module: Any) -> Any:
     """The package's ``register_default_process_group``, keeping the module's Gloo group."""
-    from ..groups.world import registration as world
+    from ..groups import lifecycle as world
 
     get_gloo = vars(module).get("get_gloo_group")
     set_gloo = vars(module).get("set_gloo_group")

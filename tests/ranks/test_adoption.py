@@ -180,7 +180,7 @@ def _slime_default(ctx: Rank) -> dict[str, Any]:
             "destroy": actor_module.destroy_process_groups is pkg.destroy_process_groups,
             "reload": actor_module.reload_process_groups is pkg.reload_process_groups,
             "register": inspect.unwrap(actor_module.register_default_process_group)
-            is pkg.register_default_process_group,
+            is inspect.unwrap(pkg.register_default_process_group),
             "module_destroy": rpg.destroy_process_groups is pkg.destroy_process_groups,
         },
         pair_type=type(actor.pair).__name__,
