@@ -104,3 +104,36 @@ def test_ci_runs_every_step_in_two_streams_and_fails_for_one_failure(tmp_path: P
     assert bg_start < fg_end  # the two streams overlap
     assert "1 of 6 steps failed" in proc.stdout, proc.stdout
     assert "lint (ruff check, ruff format --check)" in proc.stdout
+
+
+JUNIT_STUB_MAKE = """#!/usr/bin/env bash
+printf '%s|%s\\n' "$*" "${PYTEST_ADDOPTS:-}" >> "$CI_STUB_LOG"
+"""
+
+
+def test_ci_writes_one_junit_report_per_step_when_asked(tmp_path: Path) -> None:
+    """``CI_JUNIT_DIR`` gives each step's pytest a JUnit report of its own (the per-lane
+    figures of benchmarks/results/ci-time.md come from them); unset, pytest gets no option."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "make").write_text(JUNIT_STUB_MAKE)
+    (stub / "make").chmod(0o755)
+    for junit in (tmp_path / "junit", None):
+        log = tmp_path / f"make-{junit is None}.log"
+        env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CI_STUB_LOG": str(log)}
+        env.pop("PYTEST_ADDOPTS", None)
+        if junit is not None:
+            env["CI_JUNIT_DIR"] = str(junit)
+        proc = subprocess.run(
+            ["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        options = dict(line.split("|", 1) for line in log.read_text().splitlines())
+        assert len(options) == 6, options
+        if junit is None:
+            assert set(options.values()) == {""}, options
+            continue
+        paths = {args: opts.removeprefix("--junitxml=") for args, opts in options.items()}
+        assert all(Path(p).parent == junit for p in paths.values()), paths
+        assert len(set(paths.values())) == 6, paths
+        assert paths["test"].endswith("torch-2.13.0-lane.xml"), paths
