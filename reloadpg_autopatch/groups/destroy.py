@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import agreement, hooks, process, registry, report, stepping, ways
+from . import agreement, hooks, participants, process, registry, report, stepping, ways
 from .agreement import DestroyAnswers
 from .decisions import DestroyFacts, DestroyStep, destroy_step
 from .record import Record, State
@@ -67,9 +67,10 @@ def _agree(run: DestroyRun) -> None:
     for record in registry.records():
         record.way.answer_destroy(record, answers)
     run.agreed = agreement.exchange(answers)
-    run.verdicts = run.agreed.verdicts()
-    for check in {type(way).after_destroy_agreement for way in ways.registered()}:
-        check(run)
+    with participants.agreed_outcome():
+        run.verdicts = run.agreed.verdicts()
+        for check in {type(way).after_destroy_agreement for way in ways.registered()}:
+            check(run)
 
 
 def _carry_out(record: Record, step: DestroyStep, run: DestroyRun) -> None:

@@ -1,0 +1,143 @@
+"""Ranks that disagree, and an agreed outcome that must reach every rank (issue 33, items 1-2).
+
+No GPU exists here, and NCCL cannot run on CPU: the suspendable backend is the stand-in of
+``tests/support/suspendable.py`` (NCCL's suspend protocol on gloo). For the environment's
+refusal (``NCCL_CUMEM_ENABLE=0``) to be reached at all, the stand-in is also registered for an
+accelerator device type only (``ACCEL``, on ``privateuseone``), as NCCL is for ``cuda``, and the
+groups are mixed (``cpu:gloo,privateuseone:ACCEL``) so that their CPU collectives run on gloo.
+
+The oracles are outside the package: the exception each rank raises and when (the clock), the
+stand-in's call log (whether any suspend reached a backend), torch's collective results, and a
+rank process that ends itself with ``os._exit`` while hosting the store.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any
+
+import pytest
+
+from tests.support import suspendable
+from tests.support.ranks import GATE, Rank, run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+#: The stand-in registered for an accelerator device type only, as NCCL is for cuda.
+ACCEL = "suspendable_acc"
+#: How long rank 1 waits before it reads a round's verdict.
+DELAY_S = 1.0
+
+
+class _AcceleratorStandIn(suspendable.SuspendableGloo):
+    """The stand-in as an accelerator-only backend, named by its registered name as NCCL's
+    backend answers ``nccl`` (a gloo subclass would answer ``gloo``, a CPU backend's name)."""
+
+    def name(self) -> str:
+        return ACCEL
+
+
+def _create_accelerator(store: Any, rank: int, size: int, timeout: Any) -> Any:
+    return suspendable._created(_AcceleratorStandIn(store, rank, size, timeout))
+
+
+def _start(ctx: Rank, mode: str, *, timeout: float = 30.0) -> tuple[Any, Any, Any]:
+    """Join a gloo WORLD in ``mode`` with both stand-ins registered; (dist, rpg, s)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+    from tests.support import suspendable as s
+
+    warnings.simplefilter("ignore", FutureWarning)
+    assert rpg.is_patched(), "the gate did not patch this rank at start-up"
+    s.register()
+    dist.Backend.register_backend(ACCEL, _create_accelerator, devices=[s.ACCELERATOR])
+    rpg.set_reload_mode(mode)
+    rpg.set_memory_probe(s.memory_probe, device_types=("cpu", s.ACCELERATOR))
+    rpg.set_memory_guard(0.0)
+    ctx.init(timeout=timeout)
+    return dist, rpg, s
+
+
+def _outcome(call: Any) -> tuple[str, str]:
+    try:
+        call()
+        return ("ok", "")
+    except Exception as error:
+        return (type(error).__name__, str(error))
+
+
+# ---- item 2: the store's host leaves right after an agreed refusal ---------------------------
+
+
+def _host_leaves(ctx: Rank, refused: bool) -> tuple[str, str, Any]:
+    """With ``refused``: suspend mode, and rank 1's backend of ``tp`` stops supporting
+    suspend, so the destroy's agreement refuses on every rank; without, wrapper mode and no
+    group, so the agreement is the destroy's one store round and nothing waits after it. Rank
+    1 reads the round's result ``DELAY_S`` late; rank 0, which hosts the store, ends its
+    process the moment its destroy returns or raises. Returns (error class name, text,
+    ``missing`` of a ``PeerMissingError``)."""
+    from reloadpg_autopatch.groups import entries
+
+    dist, rpg, s = _start(ctx, "suspend" if refused else "wrapper")
+    if refused:
+        tp = dist.new_group([0, 1], backend=s.NAME_A, group_desc="tp")
+    if ctx.rank == 1:
+        if refused:
+            import torch
+
+            tp._get_backend(torch.device("cpu")).settings.unsupported = "backend"
+        read = entries.read
+
+        def late(store: Any, key: str) -> bytes:
+            if key.endswith("/done"):
+                time.sleep(DELAY_S)
+            return read(store, key)
+
+        entries.read = late
+    try:
+        rpg.destroy_process_groups()
+        outcome: tuple[str, str, Any] = ("ok", "", None)
+    except Exception as error:
+        outcome = (type(error).__name__, str(error), getattr(error, "missing", None))
+    if ctx.store_host:
+        os._exit(0)  # at once, as an uncaught exception ends a process
+    return outcome
+
+
+def _run_host_leaves(refused: bool) -> tuple[str, str, Any]:
+    reports = run_ranks(
+        functools.partial(_host_leaves, refused=refused),
+        2,
+        timeout=60,
+        env={**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "20"},
+        store_in_rank0=True,
+        may_die=frozenset({0}),
+    )
+    return reports[1]
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_an_agreed_refusal_reaches_a_late_peer_after_the_store_host_exits(attempt: int) -> None:
+    """The store's host (rank 0) raises the agreed ``ModeRefusedError`` and exits at once; rank
+    1, which reads the verdict a second later, still gets that refusal, not a
+    ``PeerMissingError`` blaming the host (three runs: it is not a matter of luck)."""
+    kind, text, _missing = _run_host_leaves(refused=True)
+    assert kind == "ModeRefusedError", (kind, text)
+    assert "cannot be suspended on every member" in text, text
+
+
+def test_a_peer_that_finds_the_store_gone_says_its_host_left_and_blames_no_rank() -> None:
+    """No error agreed: the host (rank 0) leaves right after a destroy that worked (one store
+    round, nothing after it), before rank 1 has read the round's result. Rank 1's
+    ``PeerMissingError`` says the store's host left after rank 1 arrived, and names no missing
+    rank."""
+    kind, text, missing = _run_host_leaves(refused=False)
+    assert kind == "PeerMissingError", (kind, text)
+    assert "its host" in text, text
+    assert "left after this rank had arrived" in text, text
+    assert missing == [], missing
