@@ -25,6 +25,8 @@ from tests.support.ranks import GATE, Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 
+#: torch 2.14 (pre-hooks: the program holds torch's own group in suspend and auto modes).
+ON_214 = suspendable.python_backend_available()
 #: The stand-in registered for an accelerator device type only, as NCCL is for cuda.
 ACCEL = "suspendable_acc"
 #: How long rank 1 waits before it reads a round's verdict.
@@ -141,3 +143,111 @@ def test_a_peer_that_finds_the_store_gone_says_its_host_left_and_blames_no_rank(
     assert "its host" in text, text
     assert "left after this rank had arrived" in text, text
     assert missing == [], missing
+
+
+# ---- item 1: ranks whose settings make them choose different ways ---------------------------
+
+#: A mixed group: its CPU collectives run on gloo, its accelerator leg is the stand-in.
+MIXED = f"cpu:gloo,{suspendable.ACCELERATOR}:{ACCEL}"
+#: What a rank that disagrees must learn within (the watchdog's timeout below is far longer).
+PROMPT_S = 5.0
+#: The watchdog's timeout in these ranks: a rank alone in a suspend barrier ends this late.
+WATCHDOG_S = "12"
+
+
+def _disagree(
+    ctx: Rank, modes: tuple[str, str], cumem: tuple[str, str], use: bool = True
+) -> dict[str, Any]:
+    """Rank r runs in ``modes[r]`` with ``NCCL_CUMEM_ENABLE=cumem[r]`` ("" : unset); one mixed
+    group ``tp`` over both ranks, then one cycle and (``use``: where every rank has it) a
+    collective on ``tp``."""
+    from tests.support.ranks import total
+
+    if cumem[ctx.rank]:
+        os.environ["NCCL_CUMEM_ENABLE"] = cumem[ctx.rank]
+    dist, rpg, s = _start(ctx, modes[ctx.rank])
+    out: dict[str, Any] = {}
+    try:
+        tp = dist.new_group([0, 1], backend=MIXED, group_desc="tp")
+        out["create"] = ("ok", "")
+        out["name"] = str(tp.group_name)
+    except Exception as error:
+        tp = None
+        out["create"] = (type(error).__name__, str(error))
+    started = time.monotonic()
+    out["destroy"] = _outcome(rpg.destroy_process_groups)
+    out["destroy s"] = time.monotonic() - started
+    out["report"] = rpg.last_cycle_report().to_dict()["destroy"]["groups"]
+    out["reload"] = _outcome(rpg.reload_process_groups)
+    out["lifecycle calls"] = [(c.op, c.outcome) for c in s.CALLS if c.op in ("suspend", "resume")]
+    out["sum"] = total(tp, ctx.rank + 1) if use else None
+    return out
+
+
+def _run_disagree(
+    modes: tuple[str, str], cumem: tuple[str, str], use: bool = True
+) -> list[dict[str, Any]]:
+    return run_ranks(
+        functools.partial(_disagree, modes=modes, cumem=cumem, use=use),
+        2,
+        timeout=90,
+        env={**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": WATCHDOG_S},
+    )
+
+
+STRICT_CASES = {
+    "cumem": (("suspend", "suspend"), ("", "0"), "NCCL_CUMEM_ENABLE=0 on ranks 1"),
+    "mode": (("suspend", "wrapper"), ("", ""), "SLIME_RELOADABLE_PG_MODE=wrapper on ranks 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STRICT_CASES))
+def test_in_suspend_mode_ranks_that_would_take_different_ways_all_refuse_at_once(
+    case: str,
+) -> None:
+    """Suspend mode on rank 0; rank 1 with ``NCCL_CUMEM_ENABLE=0`` (its ``new_group`` refuses
+    at once, which the program catches) or in wrapper mode. Every rank's destroy raises
+    ``ModeRefusedError`` within ``PROMPT_S`` naming the group, rank 1 and the variable with
+    its values, and no suspend reaches any backend (never a lone rank in a suspend barrier
+    until the watchdog ends it)."""
+    modes, cumem, variable = STRICT_CASES[case]
+    # Where rank 1 refused the group at creation, rank 0 alone holds it: no collective on it.
+    reports = _run_disagree(modes, cumem, use=case == "mode")
+    name = reports[0]["name"]
+    for rank, out in enumerate(reports):
+        kind, text = out["destroy"]
+        assert kind == "ModeRefusedError", (rank, out)
+        assert out["destroy s"] < PROMPT_S, (rank, out["destroy s"])
+        assert variable in text, (rank, text)
+        assert f"group {name!r}" in text, (rank, text)
+        assert out["lifecycle calls"] == [], (rank, out["lifecycle calls"])
+        assert out["sum"] == (3.0 if case == "mode" else None), (rank, out["sum"])
+
+
+AUTO_CASES = {
+    "cumem": (("auto", "auto"), ("", "0")),
+    "mode": (("auto", "wrapper"), ("", "")),
+    "mode, the other rank": (("wrapper", "auto"), ("", "")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AUTO_CASES))
+def test_in_auto_mode_ranks_that_would_take_different_ways_take_a_common_one(case: str) -> None:
+    """``auto`` on one rank; the other with ``NCCL_CUMEM_ENABLE=0``, or in wrapper mode: every
+    rank takes one way the group can take everywhere, so the cycle completes within
+    ``PROMPT_S`` on every rank, no suspend reaches any backend (nobody waits alone in a
+    barrier), and the group works after the reload. That way frees the memory where it can:
+    on torch 2.13 every member holds the group behind a wrapper, so it is destroyed and
+    created again; on 2.14 a member holds torch's own object, so it stays resident."""
+    modes, cumem = AUTO_CASES[case]
+    for rank, out in enumerate(_run_disagree(modes, cumem)):
+        if ON_214:
+            assert [r.split()[0] for r in out["report"]["resident"]] == [out["name"]], out
+        else:
+            assert out["report"]["destroyed"] == [out["name"]], (rank, out["report"])
+        assert out["create"] == ("ok", ""), (rank, out)
+        assert out["destroy"] == ("ok", ""), (rank, out)
+        assert out["destroy s"] < PROMPT_S, (rank, out["destroy s"])
+        assert out["reload"] == ("ok", ""), (rank, out)
+        assert out["lifecycle calls"] == [], (rank, out["lifecycle calls"])
+        assert out["sum"] == 3.0, (rank, out["sum"])
