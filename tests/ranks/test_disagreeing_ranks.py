@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,13 +77,13 @@ def _outcome(call: Any) -> tuple[str, str]:
 # ---- item 2: the store's host leaves right after an agreed refusal ---------------------------
 
 
-def _host_leaves(ctx: Rank, refused: bool) -> tuple[str, str, Any]:
+def _host_leaves(ctx: Rank, refused: bool, mark: str) -> tuple[str, str, Any]:
     """With ``refused``: suspend mode, and rank 1's backend of ``tp`` stops supporting
     suspend, so the destroy's agreement refuses on every rank; without, wrapper mode and no
     group, so the agreement is the destroy's one store round and nothing waits after it. Rank
     1 reads the round's result ``DELAY_S`` late; rank 0, which hosts the store, ends its
-    process the moment its destroy returns or raises. Returns (error class name, text,
-    ``missing`` of a ``PeerMissingError``)."""
+    process the moment its destroy returns or raises, after writing to ``mark`` how long its
+    destroy took. Returns (error class name, text, ``missing`` of a ``PeerMissingError``)."""
     from reloadpg_autopatch.groups import entries
 
     dist, rpg, s = _start(ctx, "suspend" if refused else "wrapper")
@@ -101,19 +102,21 @@ def _host_leaves(ctx: Rank, refused: bool) -> tuple[str, str, Any]:
             return read(store, key)
 
         entries.read = late
+    started = time.monotonic()
     try:
         rpg.destroy_process_groups()
         outcome: tuple[str, str, Any] = ("ok", "", None)
     except Exception as error:
         outcome = (type(error).__name__, str(error), getattr(error, "missing", None))
     if ctx.store_host:
+        Path(mark).write_text(str(time.monotonic() - started))
         os._exit(0)  # at once, as an uncaught exception ends a process
     return outcome
 
 
-def _run_host_leaves(refused: bool) -> tuple[str, str, Any]:
+def _run_host_leaves(refused: bool, mark: Path) -> tuple[str, str, Any]:
     reports = run_ranks(
-        functools.partial(_host_leaves, refused=refused),
+        functools.partial(_host_leaves, refused=refused, mark=str(mark)),
         2,
         timeout=60,
         env={**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "20"},
@@ -124,21 +127,28 @@ def _run_host_leaves(refused: bool) -> tuple[str, str, Any]:
 
 
 @pytest.mark.parametrize("attempt", range(3))
-def test_an_agreed_refusal_reaches_a_late_peer_after_the_store_host_exits(attempt: int) -> None:
+def test_an_agreed_refusal_reaches_a_late_peer_after_the_store_host_exits(
+    attempt: int, tmp_path: Path
+) -> None:
     """The store's host (rank 0) raises the agreed ``ModeRefusedError`` and exits at once; rank
     1, which reads the verdict a second later, still gets that refusal, not a
-    ``PeerMissingError`` blaming the host (three runs: it is not a matter of luck)."""
-    kind, text, _missing = _run_host_leaves(refused=True)
+    ``PeerMissingError`` blaming the host (three runs: it is not a matter of luck). The host
+    waited for that read only, not for WORLD's timeout (30 s)."""
+    mark = tmp_path / "host seconds"
+    kind, text, _missing = _run_host_leaves(refused=True, mark=mark)
     assert kind == "ModeRefusedError", (kind, text)
     assert "cannot be suspended on every member" in text, text
+    assert float(mark.read_text()) < DELAY_S + 5, mark.read_text()
 
 
-def test_a_peer_that_finds_the_store_gone_says_its_host_left_and_blames_no_rank() -> None:
+def test_a_peer_that_finds_the_store_gone_says_its_host_left_and_blames_no_rank(
+    tmp_path: Path,
+) -> None:
     """No error agreed: the host (rank 0) leaves right after a destroy that worked (one store
     round, nothing after it), before rank 1 has read the round's result. Rank 1's
     ``PeerMissingError`` says the store's host left after rank 1 arrived, and names no missing
     rank."""
-    kind, text, missing = _run_host_leaves(refused=False)
+    kind, text, missing = _run_host_leaves(refused=False, mark=tmp_path / "host seconds")
     assert kind == "PeerMissingError", (kind, text)
     assert "its host" in text, text
     assert "left after this rank had arrived" in text, text
