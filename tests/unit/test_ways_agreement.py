@@ -68,8 +68,9 @@ def test_a_rank_that_differs_is_named_with_its_group_its_way_and_its_setting() -
 def test_a_member_that_holds_no_way_makes_its_group_differ() -> None:
     """A member that refused a group at its creation, or left it awake, says nothing of it:
     the group still comes back (fewer answers than members), and cannot be freed behind its
-    wrapper (that member would never create it again)."""
-    entries = _entries(16)
+    wrapper although every member that answered holds it behind one (the silent member would
+    never create it again)."""
+    entries = _entries(16, odd={r: ("behind a wrapper", "") for r in range(16)})
     silent = DestroyAnswers()
     silent.settings = {"SLIME_RELOADABLE_PG_MODE": "auto", "NCCL_CUMEM_ENABLE": ""}
     entries[3] = silent.payload()
