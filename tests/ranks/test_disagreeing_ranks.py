@@ -77,23 +77,31 @@ def _outcome(call: Any) -> tuple[str, str]:
 # ---- item 2: the store's host leaves right after an agreed refusal ---------------------------
 
 
-def _host_leaves(ctx: Rank, refused: bool, mark: str) -> tuple[str, str, Any]:
-    """With ``refused``: suspend mode, and rank 1's backend of ``tp`` stops supporting
-    suspend, so the destroy's agreement refuses on every rank; without, wrapper mode and no
-    group, so the agreement is the destroy's one store round and nothing waits after it. Rank
-    1 reads the round's result ``DELAY_S`` late; rank 0, which hosts the store, ends its
-    process the moment its destroy returns or raises, after writing to ``mark`` how long its
-    destroy took. Returns (error class name, text, ``missing`` of a ``PeerMissingError``)."""
+def _host_leaves(ctx: Rank, case: str, mark: str) -> tuple[str, str, Any]:
+    """``case`` ``refused``: suspend mode, and rank 1's backend of ``tp`` stops supporting
+    suspend, so the destroy's agreement refuses on every rank. ``short``: suspend mode, ``tp``
+    sleeps, then rank 1's pretend device fills up, so the reload's agreement refuses on every
+    rank (``MemoryShortError``). ``none``: wrapper mode and no group, so the destroy's
+    agreement is its one store round and nothing waits after it. Rank 1 reads the round's
+    result ``DELAY_S`` late; rank 0, which hosts the store, ends its process the moment its
+    step returns or raises, after writing to ``mark`` how long the step took. Returns (error
+    class name, text, ``missing`` of a ``PeerMissingError``)."""
+    import torch
+
     from reloadpg_autopatch.groups import entries
 
-    dist, rpg, s = _start(ctx, "suspend" if refused else "wrapper")
-    if refused:
+    dist, rpg, s = _start(ctx, "wrapper" if case == "none" else "suspend")
+    step = rpg.destroy_process_groups
+    if case != "none":
         tp = dist.new_group([0, 1], backend=s.NAME_A, group_desc="tp")
+    if case == "short":
+        rpg.destroy_process_groups()
+        step = rpg.reload_process_groups
     if ctx.rank == 1:
-        if refused:
-            import torch
-
+        if case == "refused":
             tp._get_backend(torch.device("cpu")).settings.unsupported = "backend"
+        if case == "short":
+            s.occupy(s.device_memory()[0])  # not a byte left to resume into
         read = entries.read
 
         def late(store: Any, key: str) -> bytes:
@@ -104,7 +112,7 @@ def _host_leaves(ctx: Rank, refused: bool, mark: str) -> tuple[str, str, Any]:
         entries.read = late
     started = time.monotonic()
     try:
-        rpg.destroy_process_groups()
+        step()
         outcome: tuple[str, str, Any] = ("ok", "", None)
     except Exception as error:
         outcome = (type(error).__name__, str(error), getattr(error, "missing", None))
@@ -114,9 +122,9 @@ def _host_leaves(ctx: Rank, refused: bool, mark: str) -> tuple[str, str, Any]:
     return outcome
 
 
-def _run_host_leaves(refused: bool, mark: Path) -> tuple[str, str, Any]:
+def _run_host_leaves(case: str, mark: Path) -> tuple[str, str, Any]:
     reports = run_ranks(
-        functools.partial(_host_leaves, refused=refused, mark=str(mark)),
+        functools.partial(_host_leaves, case=case, mark=str(mark)),
         2,
         timeout=60,
         env={**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "20"},
@@ -135,9 +143,22 @@ def test_an_agreed_refusal_reaches_a_late_peer_after_the_store_host_exits(
     ``PeerMissingError`` blaming the host (three runs: it is not a matter of luck). The host
     waited for that read only, not for WORLD's timeout (30 s)."""
     mark = tmp_path / "host seconds"
-    kind, text, _missing = _run_host_leaves(refused=True, mark=mark)
+    kind, text, _missing = _run_host_leaves("refused", mark)
     assert kind == "ModeRefusedError", (kind, text)
     assert "cannot be suspended on every member" in text, text
+    assert float(mark.read_text()) < DELAY_S + 5, mark.read_text()
+
+
+def test_a_memory_refusal_at_reload_reaches_a_late_peer_after_the_store_host_exits(
+    tmp_path: Path,
+) -> None:
+    """The same at the reload's agreement: rank 1 is short of memory to resume, every rank
+    raises ``MemoryShortError``, and rank 1 still gets it, a second late, once the host (rank
+    0) has raised it and exited."""
+    mark = tmp_path / "host seconds"
+    kind, text, _missing = _run_host_leaves("short", mark)
+    assert kind == "MemoryShortError", (kind, text)
+    assert "rank 1 " in text, text
     assert float(mark.read_text()) < DELAY_S + 5, mark.read_text()
 
 
@@ -148,7 +169,7 @@ def test_a_peer_that_finds_the_store_gone_says_its_host_left_and_blames_no_rank(
     round, nothing after it), before rank 1 has read the round's result. Rank 1's
     ``PeerMissingError`` says the store's host left after rank 1 arrived, and names no missing
     rank."""
-    kind, text, missing = _run_host_leaves(refused=False, mark=tmp_path / "host seconds")
+    kind, text, missing = _run_host_leaves("none", tmp_path / "host seconds")
     assert kind == "PeerMissingError", (kind, text)
     assert "its host" in text, text
     assert "left after this rank had arrived" in text, text
