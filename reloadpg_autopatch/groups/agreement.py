@@ -9,7 +9,11 @@ they merge across ranks:
   every rank, so it travels as runs of numbers (torch names groups with a counter: ``[[0,
   17999]]``), and what each rank reads stays small as N grows;
 - ``LINES``: the union of lines of text (reasons), sent the same way;
-- ``FLAG``: true when any rank says so.
+- ``FLAG``: true when any rank says so;
+- ``WAYS``: each rank's ``{group: [way, size, common ways it can take]}`` for the groups it is a
+  member of; merged, only the groups whose members' answers differ (happy path: nothing);
+- ``BY_RANK``: each rank's ``{setting: value}``; merged, ``{setting: {value: ranks}}`` for the
+  settings whose values differ between ranks (happy path: nothing).
 
 A way adds to its records' answers (``ways.base.Way.answer_destroy`` and ``answer_reload``);
 nothing else writes them, and ``exchange`` is the one round trip both steps use.
@@ -32,6 +36,13 @@ UNION, ANY = "union", "any"
 NAMES = LINES = {MERGE: UNION}
 #: The metadata of a field that is true when any rank says so.
 FLAG = {MERGE: ANY}
+#: The metadata of each rank's ways per group: merged, only where the members differ.
+WAYS = {MERGE: "ways"}
+#: The metadata of each rank's settings: merged, only those whose values differ.
+BY_RANK = {MERGE: "by rank"}
+#: The common ways a group whose members' ways differ can take: freed behind its wrapper and
+#: created again, or kept awake and resident on every member for the cycle.
+FREE, KEEP = "f", "k"
 
 
 A = TypeVar("A", bound="Answers")
@@ -57,20 +68,24 @@ class Answers:
         kinds = cls.kinds()
         sets: dict[str, set[str]] = {n: set() for n, k in kinds.items() if k == UNION}
         flags = {n: False for n, k in kinds.items() if k == ANY}
-        for entry in entries:
+        per_rank: dict[str, list[Any]] = {n: [] for n, k in kinds.items() if k in MERGERS}
+        for rank, entry in enumerate(entries):
             for name, value in json.loads(entry).items():
                 if kinds[name] == ANY:
                     flags[name] = flags[name] or bool(value)
-                else:
+                elif kinds[name] == UNION:
                     sets[name].update(value)
+                else:
+                    per_rank[name].append((rank, value))
         merged: dict[str, Any] = {n: pack_names(v) for n, v in sets.items()}
+        merged |= {n: MERGERS[kinds[n]](v) for n, v in per_rank.items()}
         return json.dumps(merged | flags, separators=(",", ":")).encode()
 
     @classmethod
     def read(cls: type[A], merged: bytes) -> A:
         kinds = cls.kinds()
         values = {
-            name: value if kinds[name] == ANY else unpack_names(value)
+            name: value if kinds[name] in (ANY, *MERGERS) else unpack_names(value)
             for name, value in json.loads(merged).items()
         }
         return cls(**values)
@@ -103,6 +118,12 @@ class DestroyAnswers(Answers):
     awake: list[str] = field(default_factory=list, metadata=NAMES)
     #: Why, per group, a backend cannot suspend here.
     why: list[str] = field(default_factory=list, metadata=LINES)
+    #: Every group this rank is a member of, ``{name: [way, size, common ways]}``; merged,
+    #: those whose members differ: ``{name: {"size", "ways": {way: ranks}, FREE, KEEP}}``.
+    ways: dict[str, Any] = field(default_factory=dict, metadata=WAYS)
+    #: The settings that choose a group's way here, ``{variable: value}`` ("" unset); merged,
+    #: those whose values differ: ``{variable: {value: ranks}}``.
+    settings: dict[str, Any] = field(default_factory=dict, metadata=BY_RANK)
 
     def verdicts(self) -> dict[str, Verdict]:
         """Each asked group's verdict, from every member's answer: the same on every rank.
@@ -144,6 +165,60 @@ class ReloadAnswers(Answers):
     takes_part: bool = field(default=False, metadata=FLAG)
     #: This rank is short of memory to resume what sleeps by suspend: one line.
     short: list[str] = field(default_factory=list, metadata=LINES)
+
+
+# ---- merged per rank: only what differs travels back ----------------------------------------
+
+
+def _ranks(ranks: list[int]) -> dict[str, list[Any]]:
+    return pack_names({str(r) for r in ranks})
+
+
+def merge_ways(reports: list[tuple[int, dict[str, list[Any]]]]) -> dict[str, Any]:
+    """The groups whose members would take different ways, or that some member holds no way.
+
+    A group can then be freed behind its wrapper only when every member said so (all of them
+    answered, and each can: ``FREE``), and kept awake only when every member that answered can
+    (one that holds no way leaves it awake anyway: ``KEEP``).
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for rank, ways in reports:
+        for name, (way, size, common) in ways.items():
+            group = groups.setdefault(name, {"size": 0, "ways": {}, FREE: True, KEEP: True})
+            group["size"] = max(group["size"], int(size))
+            group["ways"].setdefault(way, []).append(rank)
+            group[FREE] = group[FREE] and FREE in common
+            group[KEEP] = group[KEEP] and KEEP in common
+    out = {}
+    for name, group in groups.items():
+        answered = sum(len(r) for r in group["ways"].values())
+        if len(group["ways"]) > 1 or answered < group["size"]:
+            group[FREE] = group[FREE] and answered >= group["size"]
+            group["ways"] = {way: _ranks(r) for way, r in group["ways"].items()}
+            out[name] = group
+    return out
+
+
+def merge_by_rank(reports: list[tuple[int, dict[str, str]]]) -> dict[str, Any]:
+    """``{setting: {value: ranks}}`` for the settings whose values differ between ranks."""
+    values: dict[str, dict[str, list[int]]] = {}
+    for rank, settings in reports:
+        for name, value in settings.items():
+            values.setdefault(name, {}).setdefault(str(value), []).append(rank)
+    return {
+        name: {value: _ranks(ranks) for value, ranks in found.items()}
+        for name, found in values.items()
+        if len(found) > 1 or sum(map(len, found.values())) < len(reports)
+    }
+
+
+#: How each per-rank kind of field merges.
+MERGERS = {WAYS[MERGE]: merge_ways, BY_RANK[MERGE]: merge_by_rank}
+
+
+def ranks_of(packed: dict[str, list[Any]]) -> list[int]:
+    """The ranks ``merge_ways`` or ``merge_by_rank`` packed."""
+    return sorted(int(r) for r in unpack_names(packed))
 
 
 # ---- the wire form: names as runs of numbers ----------------------------------------------

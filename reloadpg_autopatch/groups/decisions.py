@@ -67,6 +67,9 @@ class DestroyFacts(NamedTuple):
     #: For a group that sleeps by suspend: what the ranks agreed (None: another way, or made
     #: while asleep, when nobody was asked).
     verdict: Verdict | None = None
+    #: Its members would take different ways: the step of the common way the ranks agreed on
+    #: (``FREE_WRAPPED`` or ``KEEP_RESIDENT``: ``ways.common``), else None.
+    shared: DestroyStep | None = None
 
 
 class DestroyStep(enum.Enum):

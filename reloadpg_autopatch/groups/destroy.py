@@ -18,11 +18,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import agreement, hooks, process, registry, report, stepping, ways
+from . import agreement, hooks, participants, process, registry, report, stepping, ways
 from .agreement import DestroyAnswers
 from .decisions import DestroyFacts, DestroyStep, destroy_step
 from .record import Record, State
 from .runs import DestroyRun, broken
+from .ways import common
 from .ways.wrapper import binding
 from .world.end import check_world
 
@@ -47,7 +48,8 @@ IN_PLACE = frozenset({DestroyStep.SUSPEND, DestroyStep.GUARD, DestroyStep.KEEP_R
 def facts(record: Record, run: DestroyRun) -> DestroyFacts:
     """What the destroy's decision looks at for ``record``."""
     verdict = run.verdicts.get(str(record.name)) if record.way.suspends else None
-    return DestroyFacts(record.state, record.way, binding.abandoned(record), verdict)
+    shared = common.STEPS.get(run.shared.get(str(record.name), ""))
+    return DestroyFacts(record.state, record.way, binding.abandoned(record), verdict, shared)
 
 
 def concerned(holder: process.ProcessState) -> list[Any]:
@@ -62,14 +64,18 @@ def concerned(holder: process.ProcessState) -> list[Any]:
 def _agree(run: DestroyRun) -> None:
     """Every rank's answers, merged; every rank then knows each group's verdict."""
     answers = DestroyAnswers()
+    common.answer_for_rank(answers)
     for answer in {type(way).answer_destroy_for_rank for way in ways.registered()}:
         answer(answers)
     for record in registry.records():
         record.way.answer_destroy(record, answers)
+        common.answer(record, answers)
     run.agreed = agreement.exchange(answers)
-    run.verdicts = run.agreed.verdicts()
-    for check in {type(way).after_destroy_agreement for way in ways.registered()}:
-        check(run)
+    with participants.agreed_outcome():
+        run.verdicts = run.agreed.verdicts()
+        for check in {type(way).after_destroy_agreement for way in ways.registered()}:
+            check(run)
+        common.settle(run)
 
 
 def _carry_out(record: Record, step: DestroyStep, run: DestroyRun) -> None:

@@ -10,6 +10,8 @@ of its result, which the next round deletes.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -105,6 +107,34 @@ def agree(step: str, point: str, payload: bytes, merge: Any) -> bytes:
         token=True,
     )
     return merged
+
+
+#: The rank that hosts the store: torch's rendezvous (torchrun, ``env://``, ``tcp://``) puts
+#: the TCPStore's server in rank 0's process.
+STORE_HOST = 0
+
+
+@contextlib.contextmanager
+def agreed_outcome() -> Iterator[None]:
+    """Around what every rank decides from the last round's result: an error raised there is
+    raised alike on every rank, so the store's host first waits until every rank has read that
+    result (``rendezvous.settle``; bounded by WORLD's timeout), and its exit right after
+    cannot take the result away from a peer. Nothing is added while no error is raised."""
+    try:
+        yield
+    except BaseException:
+        last = process.current().rounds.last
+        if last is not None:
+            rank = global_rank()
+            rendezvous.settle(
+                last[0],
+                last[1],
+                rank,
+                world_size(),
+                timeout=world_timeout(),
+                host=rank == STORE_HOST,
+            )
+        raise
 
 
 def _round_done(holder: process.ProcessState, key: str) -> str | None:

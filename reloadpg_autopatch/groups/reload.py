@@ -152,11 +152,12 @@ def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
     if run.agreed.short:
         short = run.agreed.short
         shown = "; ".join(short[:8]) + (f"; and {len(short) - 8} more" if len(short) > 8 else "")
-        raise MemoryShortError(
-            f"reload_process_groups() ({participants.where('reload')}): {shown}. Nothing was "
-            "resumed on any rank and the groups still sleep: free accelerator memory (for "
-            "instance offload the rollout engine first) and call reload_process_groups() again"
-        )
+        with participants.agreed_outcome():
+            raise MemoryShortError(
+                f"reload_process_groups() ({participants.where('reload')}): {shown}. Nothing was "
+                "resumed on any rank and the groups still sleep: free accelerator memory (for "
+                "instance offload the rollout engine first) and call reload_process_groups() again"
+            )
     # Only now is this attempt the cycle's reload: a refused one leaves the report (its
     # destroy's figures) to the retry.
     cycle.reload = run.part

@@ -33,7 +33,7 @@ from . import entries
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-__all__ = ["RendezvousError", "agree", "done_key", "exchange", "sync", "tidy"]
+__all__ = ["RendezvousError", "agree", "done_key", "exchange", "settle", "sync", "tidy"]
 
 Payload = bytes | str
 Timeout = timedelta | float
@@ -71,12 +71,25 @@ def _failure(
     world_size: int,
     timeout: timedelta,
     started: float,
+    arrived: bool = False,
 ) -> RendezvousError:
-    """The error to raise when a store call failed during ``step``."""
+    """The error to raise when a store call failed during ``step``.
+
+    ``arrived``: this rank had published and counted itself in; a store gone then left with its
+    host after that, which is what the error says (no rank that arrived is blamed).
+    """
     elapsed = time.monotonic() - started
     where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
     missing = entries.missing(store, f"{key}/arrived", f"{key}/done", world_size)
-    if missing is None:
+    if missing is None and arrived:
+        message = (
+            f"{where}: the store is unreachable after {elapsed:.1f} s: its host (rank 0, where "
+            "torch's rendezvous puts it) left after this rank had arrived, before this rank "
+            "read the step's outcome; no rank is known to be missing: the host's own error, in "
+            f"its log, is the cause ({error})"
+        )
+        missing = []
+    elif missing is None:
         message = (
             f"{where}: the store is unreachable after {elapsed:.1f} s (the rank hosting it, "
             f"usually rank 0, may have died): {error}"
@@ -146,12 +159,15 @@ def _round(
     started = time.monotonic()
     arrived, count, done = f"{key}/arrived", f"{key}/count", done_key(key)
     stale = (previous,) if previous else ()
+    counted = False
     try:
         # One key holds every entry: the last arriver reads them in one value, and deletes
         # one key, not N. The server applies one client's requests in order, so a rank's
         # entry is in before its count.
         store.append(arrived, entries.entry(rank, payload))
-        if store.add(count, 1) == world_size:
+        last = store.add(count, 1) == world_size
+        counted = True
+        if last:
             fresh = _fresh_token() if token else b""
             if combine is None:
                 store.set(done, fresh or b"1")
@@ -182,7 +198,34 @@ def _round(
             world_size=world_size,
             timeout=wait_for,
             started=started,
+            arrived=counted,
         ) from error
+
+
+def settle(
+    store: Any, key: str, rank: int, world_size: int, *, timeout: Timeout, host: bool
+) -> None:
+    """On an agreed error only: every rank has read the result under ``key`` before the
+    store's host leaves.
+
+    A rank raising the error every rank agreed on may exit at once (an uncaught exception):
+    if that rank hosts the store, a peer that had not yet read the result would find the
+    store gone and learn nothing of the agreed error. So every rank counts itself as having
+    read it (an ``add``; the last one also a ``set``), and the host waits for all of them,
+    at most ``timeout``, then deletes the two keys. Never on the happy path, which keeps its
+    store operations; a store that fails here only costs the wait, never the agreed error.
+    """
+    read, everyone = f"{key}/read", f"{key}/read by all"
+    try:
+        if store.add(read, 1) == world_size:
+            store.set(everyone, b"1")
+        if host:
+            store.wait([everyone], _timedelta(timeout))
+            tidy(store, read, everyone)
+    except Exception as error:
+        logger.warning(
+            "rank %d: not every rank confirmed reading the result of %r: %s", rank, key, error
+        )
 
 
 def sync(

@@ -29,6 +29,9 @@ class DestroyRun:
     agreed: DestroyAnswers | None = None
     #: Each asked group's verdict, from ``agreed``.
     verdicts: dict[str, Verdict] = field(default_factory=dict)
+    #: The common way of each group whose members would take different ways
+    #: (``ways.common``).
+    shared: dict[str, str] = field(default_factory=dict)
     #: Seconds one suspend may take before the watchdog ends the process (read once a step).
     suspend_seconds: float | None = None
     #: Names of the groups whose communicator was freed, in the order they were.

@@ -86,6 +86,8 @@ class Way:
             return DestroyStep.RELEASE_ABANDONED
         if facts.state is not State.LIVE:
             return DestroyStep.NOTHING
+        if facts.shared is not None:
+            return facts.shared  # its members' ways differ: the step they all agreed on
         return self.sleep_step(facts)
 
     def sleep_step(self, facts: DestroyFacts) -> DestroyStep:
@@ -119,6 +121,11 @@ class Way:
         return ReloadStep.RECREATE_AFTER_RESTORE if facts.world_restored else ReloadStep.NOTHING
 
     # ---- the agreements ----------------------------------------------------------------------
+
+    def common_ways(self) -> str:
+        """The common ways it can take when a group's members would take different ways
+        (``agreement.FREE``: freed behind its wrapper; ``KEEP``: kept awake for the cycle)."""
+        return ""
 
     def answer_destroy(self, record: Record, answers: DestroyAnswers) -> None:
         """What this rank says about ``record`` at a destroy (most ways: nothing)."""
@@ -164,6 +171,10 @@ class Way:
         """Not ours, but a peer needs it: take part in its creation, keep nothing."""
         run.taken_part.append(recreation.create_again(record))
         self.note(run, "taken_part", record)
+
+    def keep(self, record: Record, run: DestroyRun) -> None:
+        """Kept awake and resident: its members would take different ways."""
+        run.part.groups.setdefault("resident", []).append(f"{record.name} (ways differ)")
 
     def after_destroy(self, record: Record) -> None:
         """Once every record of a destroy is done (and WORLD swapped): settle what is left."""

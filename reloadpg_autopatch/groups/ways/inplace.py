@@ -22,6 +22,7 @@ from ..._env import MODE_ENV
 from ..._originals import original
 from ...errors import ModeRefusedError
 from .. import backends, guard, memory, participants, process, rendezvous
+from ..agreement import KEEP
 from ..backends import device_backends
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
 from ..record import Record, State
@@ -160,6 +161,9 @@ class InPlace(Way):
 
     def creates_nothing(self, record: Record) -> bool:
         return True
+
+    def common_ways(self) -> str:
+        return KEEP  # torch's own object: never behind a wrapper
 
     # ---- the steps ----
 

@@ -71,6 +71,23 @@ def probe(backend: Any) -> tuple[str, dict[str, int] | None, str]:
     return OK, figures, ""
 
 
+#: The environment variables that decide whether a group can suspend (``environment_refusal``).
+VARIABLES = (
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_DISABLE_MEM_MANAGER",
+    "NCCL_COMM_SPLIT_SHARE_RESOURCES",
+    "NCCL_COMM_SHRINK_SHARE_RESOURCES",
+    "TORCH_NCCL_USE_COMM_NONBLOCKING",
+)
+
+
+def variables(environ: Any = None) -> dict[str, str]:
+    """This rank's values of ``VARIABLES`` ("" unset): the destroy's agreement compares them
+    across ranks, to name the one that makes a rank take another way."""
+    environ = os.environ if environ is None else environ
+    return {name: str(environ.get(name, "")).strip() for name in VARIABLES}
+
+
 def environment_refusal(environ: Any = None) -> str | None:
     """What in the environment makes a suspend free nothing or refuse (None: nothing)."""
     environ = os.environ if environ is None else environ

@@ -17,13 +17,13 @@ from typing import Any, ClassVar
 from ...._env import MODE_ENV
 from ....errors import GroupBrokenError, ModeRefusedError, ReloadPGError
 from ... import mode, participants, process
-from ...agreement import DestroyAnswers
+from ...agreement import KEEP, DestroyAnswers
 from ...decisions import DestroyFacts, DestroyStep, ReloadStep, Verdict
 from ...record import Record, State
 from ...runs import DestroyRun, ReloadRun
 from ..base import Way
 from ..wrapper import binding
-from .capability import OK, capability, suspend_refusal, torch_can_suspend
+from .capability import OK, capability, suspend_refusal, torch_can_suspend, variables
 from .guard import Sleep, guard_error, hook_off, hook_on, stats_of
 from .watchdog import call, suspend_timeout
 
@@ -132,6 +132,9 @@ class Suspend(Way):
     def creates_nothing(self, record: Record) -> bool:
         return record.state is not State.DESTROYED  # resumed, or kept awake
 
+    def common_ways(self) -> str:
+        return KEEP  # torch's own object: never behind a wrapper
+
     # ---- the destroy's agreement ----
 
     def answer_destroy(self, record: Record, answers: DestroyAnswers) -> None:
@@ -155,6 +158,7 @@ class Suspend(Way):
     @staticmethod
     def answer_destroy_for_rank(answers: DestroyAnswers) -> None:
         answers.awake.extend(_still_known())
+        answers.settings.update(variables())
 
     @staticmethod
     def after_destroy_agreement(run: DestroyRun) -> None:
@@ -214,6 +218,8 @@ class Suspend(Way):
 
     def keep(self, record: Record, run: DestroyRun) -> None:
         """Left awake and resident, and said so in the report."""
+        if str(record.name) in run.shared:
+            return super().keep(record, run)
         reason = run.verdicts.get(str(record.name), Verdict.FALLBACK).value
         run.part.groups.setdefault("resident", []).append(f"{record.name} ({reason})")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ...agreement import ReloadAnswers
+from ...agreement import FREE, KEEP, ReloadAnswers
 from ...decisions import DestroyStep
 from ...record import Record
 from ...runs import DestroyRun, ReloadRun
@@ -25,6 +25,9 @@ class SuspendWrapped(Suspend):
         return (
             "suspend in place (its wrapper refuses it while asleep (torch 2.13 has no pre-hooks))"
         )
+
+    def common_ways(self) -> str:
+        return FREE + KEEP  # behind its wrapper, as the wrapper way
 
     def fallback_step(self) -> DestroyStep:
         return DestroyStep.FREE_WRAPPED  # destroyed behind its wrapper, created again

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ... import backends, guard, names, recreation
-from ...agreement import ReloadAnswers
+from ...agreement import FREE, KEEP, ReloadAnswers
 from ...decisions import DestroyFacts, DestroyStep
 from ...record import Record, State
 from ...runs import DestroyRun, ReloadRun
@@ -30,6 +30,9 @@ class Wrapper(Way):
 
     def refusal(self, group: Any, *, world_swaps: bool) -> str | None:
         return None  # any group can live behind a wrapper
+
+    def common_ways(self) -> str:
+        return FREE + KEEP
 
     def answer_reload(self, record: Record, answers: ReloadAnswers) -> None:
         drop_if_abandoned(record)  # dropped by the program: released, not held
