@@ -10,10 +10,13 @@ of its result, which the next round deletes.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
 from . import process, rendezvous
+
+logger = logging.getLogger("reloadpg_autopatch")
 
 
 def registration() -> Any:
@@ -115,13 +118,28 @@ def _round_done(holder: process.ProcessState, key: str) -> str | None:
     the store holds at most one result key of ours at a time, whatever the number of cycles.
     """
     last = holder.rounds.last
-    holder.rounds.last = (base_store(), rendezvous.done_key(key))
+    holder.rounds.last = (base_store(), rendezvous.done_key(key), world_size())
     return last[1] if last is not None else None
 
 
 def tidy() -> None:
-    """The world ends: delete the last round's result, so a store used again starts clean."""
+    """The world ends: the last rank to end it deletes the last round's result.
+
+    A peer may not have read that result yet (it arrived first and waits for it while this
+    rank, the last to arrive, already returned), so no rank deletes it on its own: each counts
+    itself out, one ``add``, and the one that makes the count WORLD's size deletes the result
+    and the count, every rank having read it by then. A rank that never ends (it died) leaves
+    both, and the next world's sweep (``leftovers``) clears them.
+    """
     rounds = process.current().rounds
     last, rounds.last = rounds.last, None
-    if last is not None:
-        rendezvous.tidy(*last)
+    if last is None:
+        return
+    store, key, ranks = last
+    try:
+        ended = store.add(f"{key}/ended", 1)
+    except Exception as error:  # the store's host may be gone already: nothing to tidy
+        logger.debug("could not count out of %r: %s", key, error)
+        return
+    if ended == ranks:
+        rendezvous.tidy(store, key, f"{key}/ended")

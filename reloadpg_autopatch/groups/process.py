@@ -137,8 +137,8 @@ class Rounds:
     #: in the step (groups, a WORLD) rendezvous under it, so no key an earlier world left in
     #: the same store is ever read.
     token: str = ""
-    #: The store and result key of the last world-wide store round.
-    last: tuple[Any, str] | None = None
+    #: The store, result key and world size of the last world-wide store round.
+    last: tuple[Any, str, int] | None = None
 
 
 @dataclass
