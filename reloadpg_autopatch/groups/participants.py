@@ -14,7 +14,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from . import process, rendezvous
+from . import leftovers, process, rendezvous
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -107,7 +107,24 @@ def agree(step: str, point: str, payload: bytes, merge: Any) -> bytes:
         previous=_round_done(holder, key),
         token=True,
     )
+    if step == "destroy":  # the cycle's first round: every rank has finished the one before
+        _sweep(holder)
     return merged
+
+
+def mark(store: Any, marker: str) -> None:
+    """Keys of ``store`` holding ``marker`` that torch wrote in this step and no rank reads
+    after the next cycle's first round: deleted then (``leftovers.sweep_marked``)."""
+    process.current().rounds.marked.append((store, marker))
+
+
+def _sweep(holder: process.ProcessState) -> None:
+    """Delete what the cycles before left in the store (``leftovers``)."""
+    marked, holder.rounds.marked = holder.rounds.marked, []
+    for store, marker in marked:
+        leftovers.sweep_marked(store, marker)
+    if global_rank() == 0:
+        leftovers.sweep(base_store(), holder.cycle)
 
 
 def _round_done(holder: process.ProcessState, key: str) -> str | None:

@@ -139,6 +139,8 @@ class Rounds:
     token: str = ""
     #: The store, result key and world size of the last world-wide store round.
     last: tuple[Any, str, int] | None = None
+    #: ``(store, marker)``: keys torch wrote that the next cycle's first round sweeps.
+    marked: list[tuple[Any, str]] = field(default_factory=list)
 
 
 @dataclass

@@ -8,6 +8,7 @@ exception a rank raises. Every rank is a real gloo rank forked from the warm par
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -16,6 +17,85 @@ import pytest
 from tests.support.ranks import GATE, Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
+
+try:
+    import torch.distributed as _dist
+
+    ON_214 = hasattr(_dist.ProcessGroup, "reconfigure")
+except ImportError:  # the start-up lane: these tests are skipped with the module
+    ON_214 = False
+
+CYCLES = 50
+#: (mode, how WORLD is registered): ``swap``: named in accelerator_backends, swapped for a
+#: temporary WORLD on destroy; ``plain``: a gloo WORLD as a program registers it.
+SETUPS = [
+    ("wrapper", "swap"),
+    ("wrapper", "plain"),
+    ("auto", "plain"),
+    ("suspend", "plain"),
+    pytest.param(
+        "native",
+        "plain",
+        marks=pytest.mark.skipif(not ON_214, reason="native mode needs torch 2.14"),
+    ),
+]
+
+
+def _cycles(ctx: Rank) -> dict[str, Any]:
+    """``CYCLES`` cycles of three groups; rank 0 counts the server's keys after each one, and
+    every rank counts torch's shutdowns of WORLD (a reconfigure in place starts with one)."""
+    import torch
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+
+    shutdowns: list[int] = []
+    real = dist.ProcessGroup.shutdown
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self is dist.distributed_c10d._world.default_pg:
+            shutdowns.append(1)
+        return real(self, *args, **kwargs)
+
+    dist.ProcessGroup.shutdown = counted
+    how = os.environ["KEYS_TEST_WORLD"]
+    ctx.begin(world=True, swap=("gloo",) if how == "swap" else None)
+    groups = [dist.new_group([0, 1]) for _ in range(3)]
+    oracle = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
+    counts = []
+    for _ in range(CYCLES):
+        rpg.destroy_process_groups()
+        rpg.reload_process_groups()
+        for group in groups:
+            t = torch.ones(1)
+            dist.all_reduce(t, group=group)
+            assert t.item() == 2.0
+        dist.barrier()  # every rank is through its reload
+        counts.append(oracle.num_keys() if ctx.rank == 0 else None)
+        dist.barrier()  # nobody starts the next cycle before rank 0 counted
+    return {"counts": counts, "world shutdowns": len(shutdowns)}
+
+
+@pytest.mark.parametrize(("mode", "world"), SETUPS)
+def test_the_store_key_count_stays_flat_over_fifty_cycles(mode: str, world: str) -> None:
+    """50 cycles of WORLD and three groups: the server holds as many keys after the last cycle
+    as after the first (each cycle's creations are deleted once every rank has passed the
+    next cycle's first round). Up to 15 s: 50 cycles are what makes growth unmistakable."""
+    env = {**GATE, "SLIME_RELOADABLE_PG_MODE": mode, "KEYS_TEST_WORLD": world}
+    results = run_ranks(_cycles, 2, timeout=200, env=env)
+    counts = results[0]["counts"]
+    assert len(counts) == CYCLES
+    assert counts[1:] == [counts[1]] * (CYCLES - 1), f"keys after each cycle: {counts}"
+
+
+@pytest.mark.parametrize("mode", ["suspend", "auto"])
+def test_a_gloo_world_that_stays_awake_is_never_shut_down(mode: str) -> None:
+    """A plain gloo WORLD in suspend and auto modes stays awake, as gloo groups do: torch's
+    ``shutdown`` is never called on it (torch 2.14 could reconfigure it in place)."""
+    env = {**GATE, "SLIME_RELOADABLE_PG_MODE": mode, "KEYS_TEST_WORLD": "plain"}
+    results = run_ranks(_cycles, 2, timeout=200, env=env)
+    assert [r["world shutdowns"] for r in results] == [0, 0]
+
 
 # ---- the end of a world right after a reload ------------------------------------------------
 

@@ -1,0 +1,65 @@
+"""What torch's creations leave in the store, deleted once no rank can read it any more.
+
+torch writes the keys of a group's creation (gloo's addresses, a reconfigure's handles) and
+never deletes them; the rounds delete their own (``rendezvous``). A reload creates groups again
+under keys of its cycle (``reloadpg_autopatch/<cycle>/...``) and rebuilds groups in place under
+a fresh ``reconfigure/<uuid>/`` of theirs, so without a sweep the store would grow by a few keys
+per group per cycle. Every rank has finished the cycle before once it has arrived at the next
+cycle's first round (the destroy's agreement), so after that round:
+
+- WORLD's rank 0 deletes every key of ours that belongs to another cycle: the creations of the
+  cycle before, and what an earlier world on the same store left (a world that crashed);
+- the member of rank 0 of each group rebuilt in place deletes that rebuild's keys (``mark``).
+
+Torch-free, as ``rendezvous`` is: a store is anything with ``list_keys`` and ``delete_key``. A
+store that cannot list (a Python ``Store`` that does not implement it) keeps its keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+logger = logging.getLogger("reloadpg_autopatch")
+
+__all__ = ["PREFIX", "of_other_cycles", "sweep", "sweep_marked"]
+
+#: Where every key of ours lives (``process.ProcessState.key``).
+PREFIX = "reloadpg_autopatch/"
+_CYCLE = re.compile(r"^reloadpg_autopatch/(\d+)/")
+
+
+def of_other_cycles(keys: list[str], cycle: int) -> list[str]:
+    """The keys of ours, among ``keys``, that belong to a cycle other than ``cycle``."""
+    return [k for k in keys if (found := _CYCLE.match(k)) and int(found[1]) != cycle]
+
+
+def _list(store: Any) -> list[str] | None:
+    try:
+        return [str(key) for key in store.list_keys()]
+    except Exception as error:  # a Python store without list_keys, or the store is gone
+        logger.debug("cannot list the store's keys to sweep them: %s", error)
+        return None
+
+
+def _delete(store: Any, keys: list[str]) -> int:
+    deleted = 0
+    for key in keys:
+        try:
+            deleted += bool(store.delete_key(key))
+        except Exception as error:  # only tidying: never fail the step for it
+            logger.debug("could not delete store key %r: %s", key, error)
+    return deleted
+
+
+def sweep(store: Any, cycle: int) -> int:
+    """Delete the keys of ours in ``store`` that belong to another cycle; how many went."""
+    keys = _list(store)
+    return 0 if keys is None else _delete(store, of_other_cycles(keys, cycle))
+
+
+def sweep_marked(store: Any, marker: str) -> int:
+    """Delete the keys of ``store`` that hold ``marker`` (one rebuild's ``reconfigure/<uuid>/``)."""
+    keys = _list(store)
+    return 0 if keys is None else _delete(store, [k for k in keys if marker in k])
