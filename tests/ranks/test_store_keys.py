@@ -154,3 +154,128 @@ def test_ending_the_world_right_after_a_reload_leaves_a_late_peer_its_result() -
     results = run_ranks(_end_right_after_reload, 2, timeout=60, env=GATE)
     assert [r.get("error") for r in results] == [None, None], results
     assert results[0]["keys left"] <= 0, results
+
+
+# ---- a Python Store under torch's PrefixStore ---------------------------------------------------
+
+
+def _python_store_cycles(ctx: Rank) -> list[int]:
+    """WORLD initialized on a Python ``Store`` subclass (a custom store, complete: it lists and
+    deletes keys), which torch puts under a ``PrefixStore`` of WORLD's name; 20 cycles of three
+    groups; rank 0 counts the server's keys after each."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+
+    inner = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
+
+    class Custom(dist.Store):
+        def set(self, key, value):
+            inner.set(key, value)
+
+        def get(self, key):
+            return inner.get(key)
+
+        def add(self, key, value):
+            return inner.add(key, value)
+
+        def compare_set(self, key, expected, desired):
+            return inner.compare_set(key, expected, desired)
+
+        def wait(self, keys, timeout=None):
+            return inner.wait(keys) if timeout is None else inner.wait(keys, timeout)
+
+        def check(self, keys):
+            return inner.check(keys)
+
+        def multi_get(self, keys):
+            return inner.multi_get(keys)
+
+        def multi_set(self, keys, values):
+            inner.multi_set(keys, values)
+
+        def delete_key(self, key):
+            return inner.delete_key(key)
+
+        def num_keys(self):
+            return inner.num_keys()
+
+        def list_keys(self):
+            return inner.list_keys()
+
+        def append(self, key, value):
+            inner.append(key, value)
+
+        def has_extended_api(self):
+            return True
+
+    assert rpg.is_patched()
+    store = Custom()
+    dist.init_process_group(
+        "gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timedelta(seconds=30)
+    )
+    groups = [dist.new_group([0, 1]) for _ in range(3)]
+    counts = []
+    for _ in range(20):
+        rpg.destroy_process_groups()
+        rpg.reload_process_groups()
+        for group in groups:
+            t = torch.ones(1)
+            dist.all_reduce(t, group=group)
+        dist.barrier()
+        counts.append(inner.num_keys() if ctx.rank == 0 else None)
+        dist.barrier()
+    return counts
+
+
+def test_a_python_store_under_torchs_prefix_store_keeps_the_key_count_flat() -> None:
+    """torch's ``PrefixStore`` cannot delete through a Python ``Store`` (its trampoline does
+    not forward ``delete_key``): the package deletes through the inner store, under WORLD's
+    prefix, so rounds and creations leave nothing behind there either."""
+    counts = run_ranks(_python_store_cycles, 2, timeout=120, env=GATE)[0]
+    assert counts[1:] == [counts[1]] * 19, f"keys after each cycle: {counts}"
+
+
+# ---- what a crashed world left on a reused store ----------------------------------------------
+
+#: Keys a world that crashed in its seventh cycle leaves: a round's entries and counter, and the
+#: creation keys of a group it was creating again.
+CRASHED = [
+    "reloadpg_autopatch/7/1/agreement/arrived",
+    "reloadpg_autopatch/7/1/agreement/count",
+    "reloadpg_autopatch/7/1/groups/0123456789abcdef//1//cpu//0/0",
+]
+
+
+def _after_a_crash(ctx: Rank) -> dict[str, Any]:
+    """The store holds ``CRASHED`` (written through WORLD's own store, where the crashed world's
+    rounds wrote them) before this world's first cycle; rank 0 then checks which remain."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    import reloadpg_autopatch as rpg
+
+    ctx.begin()
+    store = c10d._get_default_store()
+    if ctx.rank == 0:
+        for key in CRASHED:
+            store.set(key, b"x")
+    dist.barrier()
+    group = dist.new_group([0, 1])
+    rpg.destroy_process_groups()
+    rpg.reload_process_groups()
+    dist.barrier()
+    left = [key for key in CRASHED if store.check([key])]
+    dist.barrier()
+    assert group is not None
+    return {"left": left}
+
+
+def test_a_new_world_deletes_what_a_crashed_world_left_on_its_store() -> None:
+    """Keys of ours from another cycle, left by a world that crashed on the same store, are
+    gone after the new world's first cycle (the store's own ``check()``)."""
+    results = run_ranks(_after_a_crash, 2, timeout=60, env=GATE)
+    assert [r["left"] for r in results] == [[], []], results
