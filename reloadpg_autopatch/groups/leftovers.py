@@ -12,7 +12,9 @@ cycle's first round (the destroy's agreement), so after that round:
 - the member of rank 0 of each group rebuilt in place deletes that rebuild's keys (``mark``).
 
 Torch-free, as ``rendezvous`` is: a store is anything with ``list_keys`` and ``delete_key``. A
-store that cannot list (a Python ``Store`` that does not implement it) keeps its keys.
+store that cannot list (a Python ``Store`` that does not implement it) keeps its keys. torch's
+``PrefixStore`` over a Python ``Store`` can neither delete nor list (its trampoline forwards
+neither): ``Through`` does both through the inner store, under the prefix.
 """
 
 from __future__ import annotations
@@ -23,11 +25,40 @@ from typing import Any
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-__all__ = ["PREFIX", "of_other_cycles", "sweep", "sweep_marked"]
+__all__ = ["PREFIX", "Through", "of_other_cycles", "sweep", "sweep_marked"]
 
 #: Where every key of ours lives (``process.ProcessState.key``).
 PREFIX = "reloadpg_autopatch/"
 _CYCLE = re.compile(r"^reloadpg_autopatch/(\d+)/")
+
+
+class Through:
+    """A ``PrefixStore`` whose deletes and listings go to its inner store, under its prefix.
+
+    torch puts WORLD's store under ``PrefixStore(f"{WORLD's name}/", store)``; when ``store``
+    is a Python ``Store``, the prefix store's ``delete_key`` and ``list_keys`` raise (torch's
+    trampoline for a Python store forwards neither), so every round would leave its keys.
+    Everything else goes to the prefix store as it is.
+    """
+
+    def __init__(self, store: Any, inner: Any, prefix: str) -> None:
+        self.store, self.inner, self.prefix = store, inner, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def delete_key(self, key: str) -> bool:
+        try:
+            return bool(self.store.delete_key(key))
+        except Exception:  # the trampoline: delete the key the prefix store wrote
+            return bool(self.inner.delete_key(f"{self.prefix}/{key}"))
+
+    def list_keys(self) -> list[str]:
+        try:
+            return list(self.store.list_keys())
+        except Exception:
+            head = f"{self.prefix}/"
+            return [k[len(head) :] for k in self.inner.list_keys() if k.startswith(head)]
 
 
 def of_other_cycles(keys: list[str], cycle: int) -> list[str]:

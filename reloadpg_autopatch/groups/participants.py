@@ -41,8 +41,29 @@ def _source() -> Any:
 
 
 def base_store() -> Any:
-    """The store every rank shares for the life of this world (it outlives WORLD itself)."""
-    return _source().store
+    """The store every rank shares for the life of this world (it outlives WORLD itself).
+
+    Over a Python ``Store``, torch's ``PrefixStore`` cannot delete: then the rounds delete
+    through the inner store (``leftovers.Through``), under the prefix torch gave WORLD's store.
+    """
+    store = _source().store
+    rounds = process.current().rounds
+    if rounds.through is None or rounds.through[0] is not store:
+        rounds.through = (store, _deleting(store))
+    return rounds.through[1]
+
+
+def _deleting(store: Any) -> Any:
+    """``store``, or a view of it whose deletes reach the inner store (``base_store``)."""
+    inner = getattr(store, "underlying_store", None)
+    if inner is None or type(inner).__module__.startswith("torch"):
+        return store  # not a prefix store, or one over a store of torch's: deletes work
+    from torch.distributed import distributed_c10d as c10d  # a world exists: torch is in
+
+    for group, (_backend, held) in list(c10d._world.pg_map.items()):
+        if held is store:  # torch's PrefixStore(f"{group_name}/", store) of that group
+            return leftovers.Through(store, inner, f"{group.group_name}/")
+    return store
 
 
 def world_timeout() -> timedelta:

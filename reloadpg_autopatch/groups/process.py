@@ -141,6 +141,8 @@ class Rounds:
     last: tuple[Any, str, int] | None = None
     #: ``(store, marker)``: keys torch wrote that the next cycle's first round sweeps.
     marked: list[tuple[Any, str]] = field(default_factory=list)
+    #: WORLD's store and the view of it the rounds use (``participants.base_store``).
+    through: tuple[Any, Any] | None = None
 
 
 @dataclass
