@@ -237,3 +237,45 @@ def test_a_python_store_under_torchs_prefix_store_keeps_the_key_count_flat() -> 
     prefix, so rounds and creations leave nothing behind there either."""
     counts = run_ranks(_python_store_cycles, 2, timeout=120, env=GATE)[0]
     assert counts[1:] == [counts[1]] * 19, f"keys after each cycle: {counts}"
+
+
+# ---- what a crashed world left on a reused store ----------------------------------------------
+
+#: Keys a world that crashed in its seventh cycle leaves: a round's entries and counter, and the
+#: creation keys of a group it was creating again.
+CRASHED = [
+    "reloadpg_autopatch/7/1/agreement/arrived",
+    "reloadpg_autopatch/7/1/agreement/count",
+    "reloadpg_autopatch/7/1/groups/0123456789abcdef//1//cpu//0/0",
+]
+
+
+def _after_a_crash(ctx: Rank) -> dict[str, Any]:
+    """The store holds ``CRASHED`` (written through WORLD's own store, where the crashed world's
+    rounds wrote them) before this world's first cycle; rank 0 then checks which remain."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    import reloadpg_autopatch as rpg
+
+    ctx.begin()
+    store = c10d._get_default_store()
+    if ctx.rank == 0:
+        for key in CRASHED:
+            store.set(key, b"x")
+    dist.barrier()
+    group = dist.new_group([0, 1])
+    rpg.destroy_process_groups()
+    rpg.reload_process_groups()
+    dist.barrier()
+    left = [key for key in CRASHED if store.check([key])]
+    dist.barrier()
+    assert group is not None
+    return {"left": left}
+
+
+def test_a_new_world_deletes_what_a_crashed_world_left_on_its_store() -> None:
+    """Keys of ours from another cycle, left by a world that crashed on the same store, are
+    gone after the new world's first cycle (the store's own ``check()``)."""
+    results = run_ranks(_after_a_crash, 2, timeout=60, env=GATE)
+    assert [r["left"] for r in results] == [[], []], results
