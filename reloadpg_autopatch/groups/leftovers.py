@@ -7,8 +7,9 @@ a fresh ``reconfigure/<uuid>/`` of theirs, so without a sweep the store would gr
 per group per cycle. Every rank has finished the cycle before once it has arrived at the next
 cycle's first round (the destroy's agreement), so after that round:
 
-- WORLD's rank 0 deletes every key of ours that belongs to another cycle: the creations of the
-  cycle before, and what an earlier world on the same store left (a world that crashed);
+- WORLD's rank 0 deletes every key of ours that belongs to another cycle (but the next, which
+  a fast rank may have begun): the creations of the cycle before, and what an earlier world on
+  the same store left (a world that crashed);
 - the member of rank 0 of each group rebuilt in place deletes that rebuild's keys (``mark``).
 
 Torch-free, as ``rendezvous`` is: a store is anything with ``list_keys`` and ``delete_key``. A
@@ -62,8 +63,16 @@ class Through:
 
 
 def of_other_cycles(keys: list[str], cycle: int) -> list[str]:
-    """The keys of ours, among ``keys``, that belong to a cycle other than ``cycle``."""
-    return [k for k in keys if (found := _CYCLE.match(k)) and int(found[1]) != cycle]
+    """The keys of ours, among ``keys``, that no rank of this world reads or writes any more.
+
+    Those of ``cycle`` are live, and so are those of the next: a fast rank may have counted
+    into the next cycle's first round already (a destroy refused on every rank ends its cycle
+    without a reload round), though no further, since that round waits for this rank. Any
+    other cycle's are from before, or from an earlier world on the same store.
+    """
+    return [
+        k for k in keys if (found := _CYCLE.match(k)) and int(found[1]) not in (cycle, cycle + 1)
+    ]
 
 
 def _list(store: Any) -> list[str] | None:
@@ -85,7 +94,8 @@ def _delete(store: Any, keys: list[str]) -> int:
 
 
 def sweep(store: Any, cycle: int) -> int:
-    """Delete the keys of ours in ``store`` that belong to another cycle; how many went."""
+    """Delete the keys of ours in ``store`` that belong to another cycle (``of_other_cycles``);
+    how many went."""
     keys = _list(store)
     return 0 if keys is None else _delete(store, of_other_cycles(keys, cycle))
 
