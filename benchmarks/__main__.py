@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plot, reload_cost, scale, startup, suspend_cost
+from benchmarks import plot, reload_cost, scale, startup, store_keys, suspend_cost
 from benchmarks.stats import Row, table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     rows += suspend_rows
     scale_rows, raw["scale"] = scale.run(quick=args.quick)
     rows += scale_rows
+    keys_rows, raw["store_keys"] = store_keys.run(quick=args.quick)
+    rows += keys_rows
     raw["aliases"] = _child("benchmarks.aliases", "10" if args.quick else "30")
     rows += _alias_rows(raw["aliases"])
     elapsed = time.monotonic() - started

@@ -11,11 +11,14 @@ of its result, which the next round deletes.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from . import process, rendezvous
+from . import leftovers, process, rendezvous
+
+logger = logging.getLogger("reloadpg_autopatch")
 
 
 def registration() -> Any:
@@ -40,8 +43,29 @@ def _source() -> Any:
 
 
 def base_store() -> Any:
-    """The store every rank shares for the life of this world (it outlives WORLD itself)."""
-    return _source().store
+    """The store every rank shares for the life of this world (it outlives WORLD itself).
+
+    Over a Python ``Store``, torch's ``PrefixStore`` cannot delete: then the rounds delete
+    through the inner store (``leftovers.Through``), under the prefix torch gave WORLD's store.
+    """
+    store = _source().store
+    rounds = process.current().rounds
+    if rounds.through is None or rounds.through[0] is not store:
+        rounds.through = (store, _deleting(store))
+    return rounds.through[1]
+
+
+def _deleting(store: Any) -> Any:
+    """``store``, or a view of it whose deletes reach the inner store (``base_store``)."""
+    inner = getattr(store, "underlying_store", None)
+    if inner is None or type(inner).__module__.startswith("torch"):
+        return store  # not a prefix store, or one over a store of torch's: deletes work
+    from torch.distributed import distributed_c10d as c10d  # a world exists: torch is in
+
+    for group, (_backend, held) in list(c10d._world.pg_map.items()):
+        if held is store:  # torch's PrefixStore(f"{group_name}/", store) of that group
+            return leftovers.Through(store, inner, f"{group.group_name}/")
+    return store
 
 
 def world_timeout() -> timedelta:
@@ -106,6 +130,8 @@ def agree(step: str, point: str, payload: bytes, merge: Any) -> bytes:
         previous=_round_done(holder, key),
         token=True,
     )
+    if step == "destroy":  # the cycle's first round: every rank has finished the one before
+        _sweep(holder)
     return merged
 
 
@@ -137,6 +163,21 @@ def agreed_outcome() -> Iterator[None]:
         raise
 
 
+def mark(store: Any, marker: str) -> None:
+    """Keys of ``store`` holding ``marker`` that torch wrote in this step and no rank reads
+    after the next cycle's first round: deleted then (``leftovers.sweep_marked``)."""
+    process.current().rounds.marked.append((store, marker))
+
+
+def _sweep(holder: process.ProcessState) -> None:
+    """Delete what the cycles before left in the store (``leftovers``)."""
+    marked, holder.rounds.marked = holder.rounds.marked, []
+    for store, marker in marked:
+        leftovers.sweep_marked(store, marker)
+    if global_rank() == 0:
+        leftovers.sweep(base_store(), holder.cycle)
+
+
 def _round_done(holder: process.ProcessState, key: str) -> str | None:
     """The previous world-wide round's result key (deleted by this round's last arriver).
 
@@ -145,13 +186,28 @@ def _round_done(holder: process.ProcessState, key: str) -> str | None:
     the store holds at most one result key of ours at a time, whatever the number of cycles.
     """
     last = holder.rounds.last
-    holder.rounds.last = (base_store(), rendezvous.done_key(key))
+    holder.rounds.last = (base_store(), rendezvous.done_key(key), world_size())
     return last[1] if last is not None else None
 
 
 def tidy() -> None:
-    """The world ends: delete the last round's result, so a store used again starts clean."""
+    """The world ends: the last rank to end it deletes the last round's result.
+
+    A peer may not have read that result yet (it arrived first and waits for it while this
+    rank, the last to arrive, already returned), so no rank deletes it on its own: each counts
+    itself out, one ``add``, and the one that makes the count WORLD's size deletes the result
+    and the count, every rank having read it by then. A rank that never ends (it died) leaves
+    both, and the next world's sweep (``leftovers``) clears them.
+    """
     rounds = process.current().rounds
     last, rounds.last = rounds.last, None
-    if last is not None:
-        rendezvous.tidy(*last)
+    if last is None:
+        return
+    store, key, ranks = last
+    try:
+        ended = store.add(f"{key}/ended", 1)
+    except Exception as error:  # the store's host may be gone already: nothing to tidy
+        logger.debug("could not count out of %r: %s", key, error)
+        return
+    if ended == ranks:
+        rendezvous.tidy(store, key, f"{key}/ended")

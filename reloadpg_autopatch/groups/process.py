@@ -137,8 +137,12 @@ class Rounds:
     #: in the step (groups, a WORLD) rendezvous under it, so no key an earlier world left in
     #: the same store is ever read.
     token: str = ""
-    #: The store and result key of the last world-wide store round.
-    last: tuple[Any, str] | None = None
+    #: The store, result key and world size of the last world-wide store round.
+    last: tuple[Any, str, int] | None = None
+    #: ``(store, marker)``: keys torch wrote that the next cycle's first round sweeps.
+    marked: list[tuple[Any, str]] = field(default_factory=list)
+    #: WORLD's store and the view of it the rounds use (``participants.base_store``).
+    through: tuple[Any, Any] | None = None
 
 
 @dataclass

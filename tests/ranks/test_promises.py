@@ -258,8 +258,9 @@ def _keys_over_cycles(ctx: Rank) -> dict:
 @pytest.mark.timeout(240)
 def test_p1_store_key_count_stays_flat_over_destroy_reload_cycles_of_real_ranks() -> None:
     """The server holds as many of the package's round keys after the eighth cycle as after
-    the first (each round's keys are deleted by its last reader), while torch's own keys for
-    the groups it creates grow every cycle (the oracle sees growth where there is some)."""
+    the first (each round's keys are deleted by its last reader), and torch's own keys for
+    the groups it creates do not grow either (swept at the next cycle's first round; before
+    that sweep they grew every cycle, which this oracle saw)."""
     reports = run_ranks(_keys_over_cycles, 2, timeout=200, env=GATE)
     counts = [len(keys) for keys in reports[0]["rounds"]]
     torchs = reports[0]["torchs"]
@@ -267,7 +268,7 @@ def test_p1_store_key_count_stays_flat_over_destroy_reload_cycles_of_real_ranks(
     assert counts == [counts[0]] * len(counts), ("the rounds' keys pile up", reports[0]["rounds"])
     # One key: the last round's result, which the next round's last arriver deletes.
     assert counts[0] == 1, reports[0]["rounds"]
-    assert torchs[-1] > torchs[0], torchs
+    assert max(torchs[1:]) <= torchs[1], torchs
 
 
 def _rounds_body(port: int, n: int, rounds: int, line: threading.Barrier, out: dict) -> Any:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from ..._env import MODE_ENV
 from ..._originals import original
@@ -97,9 +98,12 @@ def rebuild(group: Any, name: str, timeout: timedelta | None) -> None:
             cycle=participants.where("reload"),
         )
     ]
-    work = original("_reconfigure")(_uuid(holder, name), handles, group=group, timeout=timeout)
+    uuid = _uuid(holder, name)
+    work = original("_reconfigure")(uuid, handles, group=group, timeout=timeout)
     if work is not None:
         work.wait()
+    if group.rank() == 0:  # torch leaves the handles it exchanged under the group's own store
+        participants.mark(c10d._world.pg_map[group][1], f"reconfigure/{uuid}/")
 
 
 #: Why no group reloads in place while WORLD is swapped.

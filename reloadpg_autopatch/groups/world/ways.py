@@ -132,8 +132,10 @@ def choose(default_group: Any, backend: str, named: bool, chosen: tuple[str, ...
 
     Suspend where the mode and the backend allow; else in place where the mode allows and
     torch can; else swapped when its backend holds accelerator memory (or is named in
-    ``accelerator_backends``). In ``suspend`` mode a WORLD that cannot suspend is refused,
-    unless it is on a CPU backend only and not named: then it stays awake, as gloo groups do.
+    ``accelerator_backends``). In ``suspend`` and ``auto`` modes a WORLD whose backends serve
+    the CPU only, not named and holding no accelerator memory as torch registers it, stays
+    awake, as gloo groups do (never shut down and reconfigured); in ``suspend`` mode a WORLD
+    that cannot suspend and is not such is refused.
     """
     chosen_mode = mode.get_reload_mode()
     if chosen_mode in ("suspend", "auto"):
@@ -141,7 +143,10 @@ def choose(default_group: Any, backend: str, named: bool, chosen: tuple[str, ...
         refusal = suspend_refusal(default_group, found)
         if refusal is None:
             return SUSPEND if _hooks() else SUSPEND_WRAPPED
-        if chosen_mode == "suspend" and not (found.cpu_only and not named):
+        if found.cpu_only and not named:
+            if not holds_accelerator_memory(backend):
+                return None  # it holds no accelerator memory: awake, as gloo groups stay
+        elif chosen_mode == "suspend":
             raise ModeRefusedError(
                 f"{MODE_ENV}=suspend (or set_reload_mode('suspend')) but WORLD ({backend}) "
                 f"cannot be suspended in place: {refusal}; use mode 'auto' to swap it for a "

@@ -1,0 +1,41 @@
+"""The sweep of the store (``groups/leftovers.py``) on a real torch store, whose own
+``check()`` says which keys remain.
+
+After cycle ``c``'s first round on rank 0, a fast rank may already have counted into the next
+cycle's first round (a destroy refused on every rank ends its cycle without a reload), so the
+keys of cycle ``c + 1`` are live: only those of earlier cycles, and of cycles no rank of this
+world can have reached yet (an earlier world's, on a reused store), go.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from reloadpg_autopatch.groups import leftovers
+
+
+def _store(*keys: str) -> dist.Store:
+    store = dist.PrefixStore("0/", dist.HashStore())  # as torch puts WORLD's store
+    for key in keys:
+        store.set(key, b"x")
+    return store
+
+
+def test_the_sweep_keeps_this_cycle_and_the_next_and_deletes_the_others() -> None:
+    keys = {
+        cycle: f"reloadpg_autopatch/{cycle}/0/agreement/arrived" for cycle in (1, 4, 5, 6, 7, 12)
+    }
+    theirs = ["reloadpg_autopatch/probe", "0//cpu//0/1", "other/reloadpg_autopatch/3/0/x"]
+    store = _store(*keys.values(), *theirs)
+    assert leftovers.sweep(store, 5) == 4
+    remaining = {cycle for cycle, key in keys.items() if store.check([key])}
+    assert remaining == {5, 6}
+    assert all(store.check([key]) for key in theirs)
+
+
+def test_a_store_that_cannot_list_keeps_its_keys_and_the_sweep_does_not_raise() -> None:
+    class Unlisted:
+        def list_keys(self) -> list[str]:
+            raise RuntimeError("not implemented")
+
+    assert leftovers.sweep(Unlisted(), 3) == 0
