@@ -645,6 +645,8 @@ def _patched_first(ctx: Rank) -> dict[str, Any]:
     import reloadpg_autopatch as pkg
 
     actor.monkey_patch_torch_dist()  # miles' own patch, before the package's
+    if os.environ.get("TEST_RECORD") == "attribute":  # a fork that records only dist's attribute
+        rpg.old_new_group_dict.pop(os.getpid())
     pkg.monkey_patch_torch_dist()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     destroyed = rpg.ReloadableProcessGroup(dist.new_group([0]), ([0],), {})
@@ -659,10 +661,13 @@ def _patched_first(ctx: Rank) -> dict[str, Any]:
     }
 
 
-def test_a_framework_whose_own_patch_ran_first_keeps_its_lifecycle() -> None:
+@pytest.mark.parametrize("record", ["dict", "attribute"])
+def test_a_framework_whose_own_patch_ran_first_keeps_its_lifecycle(record: str) -> None:
     """Gate off: miles' actor called its own ``monkey_patch_torch_dist()`` before the package's
     explicit patch, so miles' groups exist, wrapped by its class: the module keeps its own
     lifecycle (the actor's names stay miles'), and a destroyed miles wrapper is refused where
-    miles' function would run it on WORLD (here, a 1-rank WORLD, silently)."""
-    (out,) = run_ranks(_patched_first, 1, timeout=DEADLINE, env={"SLIME_RELOADABLE_PG": None})
+    miles' function would run it on WORLD (here, a 1-rank WORLD, silently). Either record of
+    their patch tells that it ran: miles' per-process dict, or ``dist.old_new_group`` alone."""
+    env = {"SLIME_RELOADABLE_PG": None, "TEST_RECORD": record}
+    (out,) = run_ranks(_patched_first, 1, timeout=DEADLINE, env=env)
     assert out == {"kept": [True, True], "refused": "GroupDestroyedError"}
