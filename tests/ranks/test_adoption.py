@@ -189,9 +189,13 @@ def _slime_default(ctx: Rank) -> dict[str, Any]:
     )
     # The doctor runs while the groups are live (its mode section reads each group's backend).
     actor.wake_up()
+    listed = [pkg.reloadable_groups()]
     if ctx.rank == 0:
         out["doctor"] = _doctor()
     actor.sleep()
+    listed.append(pkg.reloadable_groups())
+    out["world_listed"] = [any(g is dist.group.WORLD for g in groups) for groups in listed]
+    out["pair_listed"] = [any(g is actor.pair for g in groups) for groups in listed]
     out["misroute"] = _misroute(ctx, actor.pair)
     return out
 
@@ -213,6 +217,15 @@ def test_slime_default_mode_runs_the_packages_lifecycle() -> None:
         assert out["cycle"] == DESTROYS
         assert out["world_one_object"] is True
         assert out["world_swapped_while_asleep"] == "ReloadableProcessGroup"  # the stand-in
+
+
+def test_reloadable_groups_leaves_out_a_registered_world_awake_and_asleep() -> None:
+    """WORLD, registered by the actor and swapped while asleep, is the default group, not one
+    the program holds: ``reloadable_groups()`` leaves it out awake and asleep (docs/api.md),
+    and lists the actor's pair of ranks [0, 1] on its members."""
+    for rank, out in enumerate(_run(_slime_default)):
+        assert out["world_listed"] == [False, False], (rank, out["world_listed"])
+        assert out["pair_listed"] == [rank < 2, rank < 2], (rank, out["pair_listed"])
 
 
 def test_slime_gloo_group_survives_world_swaps() -> None:
