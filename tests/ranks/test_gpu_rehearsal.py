@@ -531,3 +531,42 @@ def test_the_worst_case_fits_eight_minutes_and_the_docs_show_it() -> None:
     total = re.search(r"^\| \*\*total\*\* \|[^|]*\| \*\*(\d+) s\*\* \|", docs, re.MULTILINE)
     assert total is not None
     assert int(total.group(1)) == round(plan["total_s"])
+
+
+def _script_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_smoke_under_test", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("nccl_means", "want"),
+    [("classic", {"TORCH_DIST_USE_NCCL2": "1"}), ("nccl2", {})],
+    ids=["torch-2.14", "torch-2.15"],
+)
+def test_the_nccl_pass_makes_nccl_mean_nccl2_where_torch_does_not(nccl_means, want) -> None:
+    """On a GPU, the pass "on nccl" tests nccl2: where this torch's ``nccl`` is the classic
+    backend and nccl2 is there (2.14), its ranks get ``TORCH_DIST_USE_NCCL2=1``; where ``nccl``
+    already means nccl2 (2.15), nothing; the ``nccl-legacy`` pass never. A plan from a made-up
+    preflight, no rank started."""
+    smoke = _script_module()
+    pre = {
+        "implementation": {
+            "nccl": nccl_means,
+            "nccl2_available": True,
+            "nccl_legacy_available": True,
+        }
+    }
+    runs = smoke._passes(
+        smoke.Facts(pre, rehearse=False), "pass", "prog.py", 2, env={}, deadlines=(1.0, 1.0)
+    )
+    by_backend = {run.options[1]: run.env for run in runs}
+    assert set(by_backend) == {"nccl", "nccl-legacy"}, by_backend
+    assert by_backend["nccl"] == want
+    assert "TORCH_DIST_USE_NCCL2" not in by_backend["nccl-legacy"]
