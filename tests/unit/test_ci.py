@@ -137,3 +137,42 @@ def test_ci_writes_one_junit_report_per_step_when_asked(tmp_path: Path) -> None:
         assert all(Path(p).parent == junit for p in paths.values()), paths
         assert len(set(paths.values())) == 6, paths
         assert paths["test"].endswith("torch-2.13.0-lane.xml"), paths
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">{}
+</testsuite></testsuites>"""
+
+
+def _junit(path: Path, cases: list[tuple[str, str, float]]) -> Path:
+    rows = "".join(f'<testcase classname="{c}" name="{n}" time="{t}"/>' for c, n, t in cases)
+    path.write_text(JUNIT.format(rows), encoding="utf-8")
+    return path
+
+
+def test_ci_time_lines_each_file_up_with_the_run_before(tmp_path: Path) -> None:
+    """``benchmarks.ci_time``: a lane's total, its slowest tests first, and each file's
+    seconds beside the earlier run's, matched by file name (a file that moved folders lines
+    up; one only in either run shows 0 on the other side)."""
+    from benchmarks import ci_time
+
+    after = _junit(
+        tmp_path / "after.xml",
+        [
+            ("tests.ranks.test_a", "t1", 2.0),
+            ("tests.ranks.test_a", "t2", 3.0),
+            ("tests.unit.test_new", "t", 1.0),
+        ],
+    )
+    before = _junit(
+        tmp_path / "before.xml",
+        [("tests.test_a", "t1", 7.0), ("tests.test_a", "t2", 4.0), ("tests.test_gone", "t", 9.0)],
+    )
+    text = ci_time.report(after, before, slowest=2)
+    assert text.startswith("total: 6 s over 3 tests"), text
+    lines = text.splitlines()
+    slowest = [line for line in lines if line.startswith("| `test_a::")]
+    assert slowest == ["| `test_a::t2` | 3.0 |", "| `test_a::t1` | 2.0 |"], lines
+    assert "| `test_a` | 5.0 | 11.0 |" in lines, text
+    assert "| `test_gone` | 0.0 | 9.0 |" in lines, text
+    assert "| `test_new` | 1.0 | 0.0 |" in lines, text
+    assert "before" not in ci_time.report(after, None, slowest=2)
