@@ -13,7 +13,9 @@ import json
 from reloadpg_autopatch.groups.agreement import FREE, KEEP, DestroyAnswers
 
 
-def _entries(world: int, *, odd: dict[int, tuple[str, str]] | None = None) -> list[bytes]:
+def _entries(
+    world: int, *, odd: dict[int, tuple[str, str]] | None = None, odd_common: str | None = None
+) -> list[bytes]:
     """Every rank's destroy answers in a world of ``world`` ranks, Megatron-like: a tensor-
     parallel group of 8 and a data-parallel group of ``world // 8`` per rank, all suspending;
     ``odd``: ranks that hold their groups by another way, with a setting of their own."""
@@ -23,6 +25,8 @@ def _entries(world: int, *, odd: dict[int, tuple[str, str]] | None = None) -> li
         answers = DestroyAnswers()
         way, cumem = odd.get(rank, ("suspend", ""))
         common = FREE + KEEP if way == "behind a wrapper" else KEEP
+        if rank in odd and odd_common is not None:
+            common = odd_common
         tp, dp = 1 + rank // 8, 1 + world // 8 + rank % 8
         answers.ways = {str(tp): [way, 8, common], str(dp): [way, world // 8, common]}
         answers.settings = {"SLIME_RELOADABLE_PG_MODE": "auto", "NCCL_CUMEM_ENABLE": cumem}
@@ -79,3 +83,51 @@ def test_a_member_that_holds_no_way_makes_its_group_differ() -> None:
     assert merged.ways["1"][FREE] is False
     assert merged.ways["1"][KEEP] is True
     assert merged.settings == {}
+
+
+def _settled(mode_name: str, odd: dict[int, tuple[str, str]], common: str | None = None):
+    """``ways.common.settle`` on the merged answers of 16 ranks, in ``mode_name`` on this rank;
+    ``common``: what the odd ranks' way can take instead of what its name gives."""
+    from types import SimpleNamespace
+
+    from reloadpg_autopatch.groups import settings
+    from reloadpg_autopatch.groups.ways import common as ways_common
+
+    entries = _entries(16, odd=odd, odd_common=common)
+    run = SimpleNamespace(agreed=DestroyAnswers.read(DestroyAnswers.merge(entries)), shared=None)
+    held = settings.current()
+    saved, held.mode = held.mode, mode_name
+    try:
+        ways_common.settle(run)
+    finally:
+        held.mode = saved
+    return run.shared
+
+
+def test_suspend_mode_refuses_naming_each_way_with_its_ranks_and_the_setting() -> None:
+    """The refusal names every way the members hold the group by, each with its ranks, and
+    the setting that differs with its values and ranks (docs/suspend.md, docs/api.md)."""
+    import pytest
+
+    from reloadpg_autopatch.errors import ModeRefusedError
+
+    with pytest.raises(ModeRefusedError) as caught:
+        _settled("suspend", {9: ("behind a wrapper", "0")})
+    text = str(caught.value)
+    assert "group '2' ('behind a wrapper' on ranks 9; 'suspend' on ranks 8, 10, 11," in text, text
+    assert "'behind a wrapper' on ranks 9" in text, text
+    assert "NCCL_CUMEM_ENABLE=0 on ranks 9" in text, text
+
+
+def test_auto_refuses_a_group_with_no_way_every_member_can_take() -> None:
+    """In ``auto``, a group whose members share no common way (one holds it by a way that can
+    neither be freed behind a wrapper nor kept awake) is refused on every rank, naming it;
+    one they share gets its common way."""
+    import pytest
+
+    from reloadpg_autopatch.errors import ModeRefusedError
+
+    with pytest.raises(ModeRefusedError, match="no way every member can take") as caught:
+        _settled("auto", {9: ("stuck way", "")}, common="")
+    assert "'2'" in str(caught.value), caught.value  # rank 9's tensor-parallel group
+    assert _settled("auto", {9: ("behind a wrapper", "")}) == {"2": KEEP, "4": KEEP}
