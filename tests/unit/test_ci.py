@@ -121,7 +121,8 @@ def test_ci_writes_one_junit_report_per_step_when_asked(tmp_path: Path) -> None:
     for junit in (tmp_path / "junit", None):
         log = tmp_path / f"make-{junit is None}.log"
         env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "CI_STUB_LOG": str(log)}
-        env.pop("PYTEST_ADDOPTS", None)
+        env.pop("PYTEST_ADDOPTS", None)  # this very run's may carry a report of its own
+        env.pop("CI_JUNIT_DIR", None)
         if junit is not None:
             env["CI_JUNIT_DIR"] = str(junit)
         proc = subprocess.run(
