@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plot, reload_cost, scale, startup, store_keys, suspend_cost
+from benchmarks import plot, reload_cost, scale, startup, stats, store_keys, suspend_cost
 from benchmarks.stats import Row, table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -229,14 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     today = datetime.date.today().isoformat()
     RESULTS.mkdir(exist_ok=True)
-    meta = {
-        "date": today,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cpus",
-        "quick": args.quick,
-        "seconds": elapsed,
-    }
+    meta = stats.run_meta(quick=args.quick, seconds=elapsed)
     table_rows = [r.__dict__ | {"verdict": r.verdict} for r in rows]
     target = RESULTS / f"{today}-{torch.__version__}.json"
     target.write_text(json.dumps({"meta": meta, "table": table_rows, "raw": raw}, indent=2) + "\n")

@@ -62,3 +62,21 @@ def table(rows: Sequence[Row]) -> str:
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def run_meta(**extra: object) -> dict[str, object]:
+    """What every results file says of the run that made it: the date, torch, Python and the
+    machine, then ``extra``."""
+    import datetime
+    import os
+    import platform
+
+    import torch
+
+    return {
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        **extra,
+    }

@@ -15,12 +15,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
+from benchmarks import stats
 from benchmarks.stats import Row
 from reloadpg_autopatch.tools import launch
 
@@ -87,13 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row.case}: {row.value} (target: {row.target}, {row.verdict})")
     today = datetime.date.today().isoformat()
-    meta = {
-        "date": today,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-        "quick": args.quick,
-    }
+    meta = stats.run_meta(quick=args.quick)
     table_rows = [r.__dict__ | {"verdict": r.verdict} for r in rows]
     target = RESULTS / f"{today}-{torch.__version__}-store-keys.json"
     target.write_text(json.dumps({"meta": meta, "table": table_rows, "raw": raw}, indent=2) + "\n")

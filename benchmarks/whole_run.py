@@ -29,13 +29,13 @@ import datetime
 import functools
 import json
 import os
-import platform
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from benchmarks import stats
 from benchmarks.stats import Row, table
 from tests.support.ranks import GATE, HOST, Rank, run_ranks
 
@@ -835,14 +835,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_save:
         return 0
     today = datetime.date.today().isoformat()
-    meta = {
-        "date": today,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-        "cycles": args.cycles,
-        "seconds": timings,
-    }
+    meta = stats.run_meta(cycles=args.cycles, seconds=timings)
     table_rows = [r.__dict__ | {"verdict": r.verdict} for r in rows]
     target = args.out or RESULTS / f"{today}-{torch.__version__}-whole-run.json"
     payload = {"meta": meta, "table": table_rows, "raw": raw}
