@@ -58,6 +58,16 @@ def _cycles(ctx: Rank) -> dict[str, Any]:
         return real(self, *args, **kwargs)
 
     dist.ProcessGroup.shutdown = counted
+    from reloadpg_autopatch.groups import leftovers
+
+    sweeps: list[int] = []  # the sweep of other cycles' keys: WORLD's rank 0 alone pays it
+    sweep = leftovers.sweep
+
+    def counted_sweep(*args: Any, **kwargs: Any) -> int:
+        sweeps.append(1)
+        return sweep(*args, **kwargs)
+
+    leftovers.sweep = counted_sweep
     how = os.environ["KEYS_TEST_WORLD"]
     ctx.begin(world=True, swap=("gloo",) if how == "swap" else None)
     groups = [dist.new_group([0, 1]) for _ in range(3)]
@@ -73,7 +83,7 @@ def _cycles(ctx: Rank) -> dict[str, Any]:
         dist.barrier()  # every rank is through its reload
         counts.append(oracle.num_keys() if ctx.rank == 0 else None)
         dist.barrier()  # nobody starts the next cycle before rank 0 counted
-    return {"counts": counts, "world shutdowns": len(shutdowns)}
+    return {"counts": counts, "world shutdowns": len(shutdowns), "sweeps": len(sweeps)}
 
 
 @pytest.mark.parametrize(("mode", "world"), SETUPS)
@@ -86,6 +96,7 @@ def test_the_store_key_count_stays_flat_over_fifty_cycles(mode: str, world: str)
     counts = results[0]["counts"]
     assert len(counts) == CYCLES
     assert counts[1:] == [counts[1]] * (CYCLES - 1), f"keys after each cycle: {counts}"
+    assert [r["sweeps"] for r in results] == [CYCLES, 0]  # one per destroy, on rank 0 alone
 
 
 @pytest.mark.parametrize("mode", ["suspend", "auto"])

@@ -582,10 +582,12 @@ def _cycles(ctx: Rank) -> list[dict[str, Any]]:
         destroy = ops[start:]
         asleep = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g))[0] for g in groups]
         suspended = [b.state for b in s.backends(leg)]
+        listed_asleep = [g is world for g in rpg.reloadable_groups()]
         start = len(ops)
         rpg.reload_process_groups()
         reload = ops[start:]
         sums = [_sum(dist, torch, ctx.rank, g) for g in groups]
+        listed_awake = [g is world for g in rpg.reloadable_groups()]
         dist.barrier(group=cpu)  # every rank is through its reload
         keys = inner.num_keys() if ctx.rank == 0 else None
         dist.barrier(group=cpu)  # nobody starts the next cycle before rank 0 counted
@@ -601,6 +603,7 @@ def _cycles(ctx: Rank) -> list[dict[str, Any]]:
                 "pg_map same": sorted(id(k) for k in c10d._world.pg_map) == pg_map,
                 "creations": s.creations() - made,
                 "num_keys": keys,
+                "listed": [listed_asleep, listed_awake],
             }
         )
     return report
@@ -672,7 +675,8 @@ def test_the_store_does_not_grow_over_twenty_cycles() -> None:
 def test_twenty_cycles_with_world_on_the_stand_in_keep_every_promise() -> None:
     """Each of 20 cycles with WORLD registered on the stand-in: every group refused while
     asleep and every backend suspended, torch's sums after, WORLD and every group the same
-    objects, torch's ``pg_map`` unchanged, and no creation."""
+    objects, torch's ``pg_map`` unchanged, no creation, and ``reloadable_groups()`` lists the
+    two groups, never WORLD, asleep as awake."""
     for rank, cycles in enumerate(_ranks(_cycles, 2, timeout=240, SUSPEND_TEST_STORE="plain")):
         for number, cycle in enumerate(cycles, start=1):
             assert cycle["asleep"] == ["GroupSuspendedError"] * 3, (rank, number)
@@ -682,6 +686,8 @@ def test_twenty_cycles_with_world_on_the_stand_in_keep_every_promise() -> None:
             assert cycle["ids same"], number
             assert cycle["pg_map same"], number
             assert cycle["creations"] == 0, (rank, number)
+            # WORLD, asleep suspended and awake, is never listed; its two groups are
+            assert cycle["listed"] == [[False, False]] * 2, (rank, number, cycle["listed"])
 
 
 # ---- 4. agreement: strict refusal, auto fallback, guard only, mixed answers ---------------------

@@ -39,3 +39,45 @@ def test_a_store_that_cannot_list_keeps_its_keys_and_the_sweep_does_not_raise() 
             raise RuntimeError("not implemented")
 
     assert leftovers.sweep(Unlisted(), 3) == 0
+
+
+def test_through_lists_and_deletes_a_python_stores_keys_under_the_prefix() -> None:
+    """torch's ``PrefixStore`` over a Python ``Store`` can neither list nor delete; ``Through``
+    does both on the inner store, under the prefix: the listing is the prefix store's own view
+    (the prefix taken off, nothing outside it), and the sweep deletes there."""
+
+    class Custom(dist.Store):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = dist.HashStore()
+
+        def set(self, key, value):
+            self.inner.set(key, value)
+
+        def get(self, key):
+            return self.inner.get(key)
+
+        def check(self, keys):
+            return self.inner.check(keys)
+
+        def delete_key(self, key):
+            return self.inner.delete_key(key)
+
+        def list_keys(self):
+            return self.inner.list_keys()
+
+    custom = Custom()
+    prefixed = dist.PrefixStore("0", custom)  # torch joins prefix and key with a "/"
+    for key in ("reloadpg_autopatch/3/0/x", "reloadpg_autopatch/9/0/x", "mine"):
+        prefixed.set(key, b"x")
+    custom.set("elsewhere/reloadpg_autopatch/3/0/x", b"x")
+    through = leftovers.Through(prefixed, custom, "0")
+    assert sorted(through.list_keys()) == [
+        "mine",
+        "reloadpg_autopatch/3/0/x",
+        "reloadpg_autopatch/9/0/x",
+    ]
+    assert leftovers.sweep(through, 9) == 1
+    assert custom.check(["0/reloadpg_autopatch/9/0/x", "0/mine"])
+    assert not custom.check(["0/reloadpg_autopatch/3/0/x"])
+    assert custom.check(["elsewhere/reloadpg_autopatch/3/0/x"])
