@@ -24,11 +24,11 @@ _OURS = re.compile(r"reloadpg_autopatch/\d+/\d+/([^/]+)/")
 
 def _counting_store(inner):
     """A Store that forwards every call to ``inner`` and lists each key it reads, and the bytes."""
-    import torch.distributed as dist
+    from tests.support.stores import Forwarding
 
-    class Counting(dist.Store):
+    class Counting(Forwarding):
         def __init__(self) -> None:
-            super().__init__()
+            super().__init__(inner)
             self.reads: list[str] = []
             #: Bytes each read returned, in step with ``reads`` (0 for waits and checks).
             self.sizes: list[int] = []
@@ -38,21 +38,15 @@ def _counting_store(inner):
             self.sizes.extend([0] * len(keys) if values is None else [len(v) for v in values])
             return values
 
-        def set(self, key, value):
-            inner.set(key, value)
-
         def get(self, key):
             return self._read([key], [inner.get(key)])[0]
-
-        def add(self, key, value):
-            return inner.add(key, value)
 
         def compare_set(self, key, expected, desired):
             return self._read([key], [inner.compare_set(key, expected, desired)])[0]
 
         def wait(self, keys, timeout=None):
             self._read(keys)
-            return inner.wait(keys) if timeout is None else inner.wait(keys, timeout)
+            return super().wait(keys, timeout)
 
         def check(self, keys):
             self._read(keys)
@@ -60,21 +54,6 @@ def _counting_store(inner):
 
         def multi_get(self, keys):
             return self._read(keys, inner.multi_get(keys))
-
-        def multi_set(self, keys, values):
-            inner.multi_set(keys, values)
-
-        def delete_key(self, key):
-            return inner.delete_key(key)
-
-        def num_keys(self):
-            return inner.num_keys()
-
-        def append(self, key, value):
-            inner.append(key, value)
-
-        def has_extended_api(self):
-            return True
 
     return Counting()
 

@@ -183,48 +183,10 @@ def _python_store_cycles(ctx: Rank) -> list[int]:
 
     inner = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
 
-    class Custom(dist.Store):
-        def set(self, key, value):
-            inner.set(key, value)
-
-        def get(self, key):
-            return inner.get(key)
-
-        def add(self, key, value):
-            return inner.add(key, value)
-
-        def compare_set(self, key, expected, desired):
-            return inner.compare_set(key, expected, desired)
-
-        def wait(self, keys, timeout=None):
-            return inner.wait(keys) if timeout is None else inner.wait(keys, timeout)
-
-        def check(self, keys):
-            return inner.check(keys)
-
-        def multi_get(self, keys):
-            return inner.multi_get(keys)
-
-        def multi_set(self, keys, values):
-            inner.multi_set(keys, values)
-
-        def delete_key(self, key):
-            return inner.delete_key(key)
-
-        def num_keys(self):
-            return inner.num_keys()
-
-        def list_keys(self):
-            return inner.list_keys()
-
-        def append(self, key, value):
-            inner.append(key, value)
-
-        def has_extended_api(self):
-            return True
+    from tests.support.stores import Forwarding
 
     assert rpg.is_patched()
-    store = Custom()
+    store = Forwarding(inner)
     dist.init_process_group(
         "gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timedelta(seconds=30)
     )

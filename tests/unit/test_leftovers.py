@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from reloadpg_autopatch.groups import leftovers
+from tests.support.stores import Forwarding
 
 
 def _store(*keys: str) -> dist.Store:
@@ -46,27 +47,7 @@ def test_through_lists_and_deletes_a_python_stores_keys_under_the_prefix() -> No
     does both on the inner store, under the prefix: the listing is the prefix store's own view
     (the prefix taken off, nothing outside it), and the sweep deletes there."""
 
-    class Custom(dist.Store):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = dist.HashStore()
-
-        def set(self, key, value):
-            self.inner.set(key, value)
-
-        def get(self, key):
-            return self.inner.get(key)
-
-        def check(self, keys):
-            return self.inner.check(keys)
-
-        def delete_key(self, key):
-            return self.inner.delete_key(key)
-
-        def list_keys(self):
-            return self.inner.list_keys()
-
-    custom = Custom()
+    custom = Forwarding(dist.HashStore())
     prefixed = dist.PrefixStore("0", custom)  # torch joins prefix and key with a "/"
     for key in ("reloadpg_autopatch/3/0/x", "reloadpg_autopatch/9/0/x", "mine"):
         prefixed.set(key, b"x")
