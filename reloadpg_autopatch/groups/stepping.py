@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from torch.distributed import distributed_c10d as c10d
 
 from ..errors import StepInProgressError
-from . import process
+from . import process, watchdog
 from .process import Phase
 from .report import CycleReport
 
@@ -102,6 +102,8 @@ def end_destroy(holder: process.ProcessState, *, freed: bool = True) -> None:
     """The destroy ended (``freed``: it freed something, or the cycle was asleep already)."""
     if holder.phase is Phase.DESTROYING:  # a lost WORLD has reset the phase already
         holder.move(Phase.ASLEEP if freed else Phase.AWAKE)
+    if holder.phase is Phase.AWAKE:
+        watchdog.idle()  # nothing sleeps: no watchdog thread
 
 
 def begin_reload(holder: process.ProcessState) -> bool:
@@ -118,6 +120,8 @@ def end_reload(holder: process.ProcessState, *, woke: bool) -> None:
     """The reload ended: awake, or (refused, failed) still asleep and callable again."""
     if holder.phase is Phase.RELOADING:  # a lost WORLD has reset the phase already
         holder.move(Phase.AWAKE if woke else Phase.ASLEEP)
+    if holder.phase is Phase.AWAKE:
+        watchdog.idle()  # nothing sleeps: no watchdog thread
 
 
 def reload_report(holder: process.ProcessState) -> CycleReport:
@@ -141,6 +145,7 @@ def lose_world(why: str) -> None:
 def begin_world(holder: process.ProcessState) -> None:
     """The world ended: the next world counts cycles from 1."""
     holder.phase = Phase.AWAKE
+    watchdog.idle()
     holder.cycle = 0
     holder.attempt = 0
     holder.worlds_ended += 1

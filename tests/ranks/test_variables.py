@@ -157,10 +157,11 @@ def test_an_accepted_suspend_timeout_is_taken_as_given(raw: str) -> None:
 
 def test_the_longest_accepted_timeout_gives_a_working_watchdog() -> None:
     """``1e9`` s (the longest accepted) and WORLD's longest timeout arm a watchdog whose thread
-    waits (``threading.Timer`` raised ``OverflowError`` in its thread for ``1e12`` before)."""
+    waits (``threading.Timer`` raised ``OverflowError`` in its thread for ``1e12`` before).
+    Each time, the one thread is started for the call and ended once nothing is watched."""
     from datetime import timedelta
 
-    from reloadpg_autopatch.groups.ways.suspend import watchdog
+    from reloadpg_autopatch.groups import watchdog
 
     died: list[BaseException] = []
     saved = threading.excepthook
@@ -175,6 +176,7 @@ def test_the_longest_accepted_timeout_gives_a_working_watchdog() -> None:
                 time.sleep(0.2)
                 started = [t for t in set(threading.enumerate()) - before if t.is_alive()]
             assert len(started) == 1, started  # the watchdog's thread, waiting
+            watchdog.idle()  # as when nothing sleeps any more: the thread ends
     finally:
         threading.excepthook = saved
     assert died == []

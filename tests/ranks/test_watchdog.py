@@ -82,7 +82,7 @@ def _cycles_under_a_program(ctx: Rank, mode: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from reloadpg_autopatch.groups.ways.suspend import watchdog
+    from reloadpg_autopatch.groups import watchdog
     from tests.support import suspendable as s
 
     warnings.simplefilter("ignore", FutureWarning)
@@ -218,7 +218,7 @@ def test_a_stuck_call_holding_the_gil_is_ended_by_the_backstop() -> None:
     about then, without the watchdog's message (its thread never ran); its peer, waiting in
     the barrier without the GIL, is ended by the watchdog at the timeout. About 10 s: two
     fresh interpreters, a 2 s timeout and the backstop's real 5 s margin after it."""
-    from reloadpg_autopatch.groups.ways.suspend.watchdog import BACKSTOP_S as MARGIN
+    from reloadpg_autopatch.groups.watchdog import BACKSTOP_S as MARGIN
     from tests.ranks.test_suspend import _watchdog_run
 
     limit = 2.0
@@ -236,3 +236,66 @@ def test_a_stuck_call_holding_the_gil_is_ended_by_the_backstop() -> None:
     assert said == [True, False], [run["stderr"][-2000:] for run in runs]
     assert limit - 0.5 <= runs[0]["seconds"] <= limit + 6.0, runs[0]["seconds"]
     assert limit + MARGIN - 0.5 <= runs[1]["seconds"] <= limit + MARGIN + 6.0, runs[1]["seconds"]
+
+
+# ---- one thread per process (issue 39, item 4) -------------------------------------------------
+
+CYCLES = 10
+
+
+def _threads_over_cycles(ctx: Rank) -> dict[str, Any]:
+    """Ten suspend-mode cycles of two groups on the stand-in (four watched calls a cycle),
+    counting every thread started (``threading.Thread.start``, whoever calls it) and the
+    threads alive while asleep and once awake again."""
+    import threading
+    import warnings
+
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+    from tests.support import suspendable as s
+
+    warnings.simplefilter("ignore", FutureWarning)
+    assert rpg.is_patched()
+    s.register()
+    rpg.set_reload_mode("suspend")
+    ctx.init(timeout=30.0)
+    groups = [dist.new_group([0, 1], backend=s.NAME_A) for _ in range(2)]
+    for group in groups:
+        dist.barrier(group=group)  # its communicator exists: every cycle suspends it
+    started: list[str] = []
+    original = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self.name)
+        original(self)
+
+    threading.Thread.start = start  # type: ignore[method-assign]
+    baseline = {t.ident for t in threading.enumerate()}
+
+    def extra() -> int:
+        return len({t.ident for t in threading.enumerate() if t.is_alive()} - baseline)
+
+    asleep, awake = [], []
+    try:
+        for _ in range(CYCLES):
+            rpg.destroy_process_groups()
+            asleep.append(extra())
+            rpg.reload_process_groups()
+            awake.append(extra())
+    finally:
+        threading.Thread.start = original  # type: ignore[method-assign]
+    suspends = [c for c in s.CALLS if c.op in ("suspend", "resume")]
+    return {"started": started, "asleep": asleep, "awake": awake, "calls": len(suspends)}
+
+
+def test_one_watchdog_thread_per_process_and_none_while_nothing_sleeps() -> None:
+    """Four watched calls a cycle (two groups suspended and resumed) start at most one thread
+    a cycle in all, never more than one alive while the groups sleep, and none once they are
+    awake again: the watchdog arms and disarms its deadline per call in one thread."""
+    env = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "30"}
+    for rank, out in enumerate(run_ranks(_threads_over_cycles, 2, timeout=120, env=env)):
+        assert out["calls"] >= 4 * CYCLES, (rank, out["calls"])  # every call was watched
+        assert len(out["started"]) <= CYCLES, (rank, out["started"])
+        assert max(out["asleep"]) <= 1, (rank, out["asleep"])
+        assert out["awake"] == [0] * CYCLES, (rank, out["awake"])

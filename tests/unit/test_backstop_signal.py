@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from reloadpg_autopatch.groups.ways.suspend import watchdog
+from reloadpg_autopatch.groups import watchdog
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 what a backend can do (``capability``), the guard while asleep (``guard``) and the watchdog
 (``watchdog``)."""
 
+from ...watchdog import suspend_timeout
 from .capability import (
     Capability,
     capability,
@@ -13,7 +14,6 @@ from .capability import (
     version_refusal,
 )
 from .guard import HOOK_ID, Sleep, guard_error
-from .watchdog import suspend_timeout
 from .way import SUSPEND, Suspend, leave_awake
 from .wrapped import SUSPEND_WRAPPED, SuspendWrapped
 

@@ -21,11 +21,11 @@ from ...agreement import KEEP, DestroyAnswers
 from ...decisions import DestroyFacts, DestroyStep, ReloadStep, Verdict
 from ...record import Record, State
 from ...runs import DestroyRun, ReloadRun
+from ...watchdog import call, suspend_timeout
 from ..base import Way
 from ..wrapper import binding
 from .capability import OK, capability, suspend_refusal, torch_can_suspend, variables
 from .guard import Sleep, guard_error, hook_off, hook_on, stats_of
-from .watchdog import call, suspend_timeout
 
 #: Why no group suspends while WORLD is swapped.
 WORLD_SWAPS = (
