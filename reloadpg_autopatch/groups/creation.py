@@ -9,14 +9,15 @@ object, which reload reconfigures in place.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .._originals import destroy_native
-from . import guard, mode, names, policy, process, registry, splits, ways
+from ..errors import ReloadPGError
+from . import frees, guard, mode, names, policy, process, registry, splits, ways
 from .record import State
 from .recreation import new_group_signature
 from .stepping import threaded_world
@@ -84,7 +85,8 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         try:
             way = ways.choose(native, world_swaps=needs_swap())
         except RuntimeError:  # refused by the mode (or torch would not say): nothing leaks
-            destroy_native(native)
+            with contextlib.suppress(ReloadPGError):  # a peer kept it: aborted, not waited on
+                frees.destroy(native, f"group {str(native.group_name)!r} (refused)")
             raise
         if way is None:
             return leave_awake(native)  # a CPU group in suspend mode: it stays awake

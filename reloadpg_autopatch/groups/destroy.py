@@ -6,8 +6,10 @@ the destroy may still be in some peer's handshake (gloo closes a group's sockets
 every rank says, for each group that sleeps by suspend, whether it can, so that none enters
 NCCL's untimed barrier alone. Then each record's way carries out the step
 ``decisions.destroy_step`` gives it: those that sleep in place first, in creation order (WORLD,
-the first record, first), then those freed, in reverse creation order (WORLD last: its swap
-tears down every group torch knows). A destroy while asleep frees only the groups made since.
+the first record, first), then those freed, in creation order too, WORLD last (its swap tears
+down every group torch knows): one order on every rank, as NCCL 2.31's destroy, a barrier among
+a communicator's members, needs. Every free runs under the watchdog (``frees``). A destroy while
+asleep frees only the groups made since.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import agreement, hooks, participants, process, registry, report, stepping, ways
+from ..errors import ReloadPGError
+from . import agreement, frees, hooks, participants, process, registry, report, stepping, ways
 from .agreement import DestroyAnswers
 from .decisions import DestroyFacts, DestroyStep, destroy_step
 from .record import Record, State
@@ -83,6 +86,35 @@ def _carry_out(record: Record, step: DestroyStep, run: DestroyRun) -> None:
         getattr(record.way, EXECUTE[step])(record, run)
 
 
+def _free_order(records: list[Record]) -> list[Record]:
+    """The order every rank frees in: creation order, the same on every rank (torch creates
+    groups collectively), with the ways that must free last (WORLD's) at the end. NCCL 2.31's
+    destroy waits for every member: two ranks freeing two shared groups in opposite orders
+    would wait for each other for good."""
+    return sorted(records, key=lambda record: record.way.frees_last)
+
+
+def _free(record: Record, step: DestroyStep, run: DestroyRun) -> None:
+    """Carry out a freeing step; once a free of this destroy is stuck, abort instead.
+
+    A free that outlived its deadline (``frees``) means a peer is gone: every later destroy
+    would wait for it too, so the communicators left are aborted, never destroyed, and left
+    broken; the stuck free's error is raised once the step is done.
+    """
+    if run.stuck is not None:
+        with frees.aborting():
+            _carry_out(record, step, run)
+        record.way.broke(record)
+        return
+    try:
+        _carry_out(record, step, run)
+    except ReloadPGError as error:
+        if not frees.stuck(error):
+            raise
+        run.stuck = error
+        record.way.broke(record)
+
+
 def destroy_process_groups() -> None:
     """Free the communicators of every reloadable group; the group objects stay valid.
 
@@ -117,12 +149,14 @@ def destroy_process_groups() -> None:
                     step = destroy_step(facts(record, run))
                     if step in IN_PLACE:
                         _carry_out(record, step, run)
-            for record in reversed(list(registry.records())):
+            for record in _free_order(list(registry.records())):
                 step = destroy_step(facts(record, run))
                 if step not in IN_PLACE:
-                    _carry_out(record, step, run)
+                    _free(record, step, run)
             for record in registry.records():
                 record.way.after_destroy(record)
+            if run.stuck is not None:
+                raise run.stuck
         except BaseException:
             stepping.end_destroy(holder, freed=bool(run.destroyed) or not run.first)
             raise

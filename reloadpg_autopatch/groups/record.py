@@ -27,8 +27,9 @@ class State(enum.Enum):
     #: A member whose communicator sleeps in place (``suspend`` mode): the native group stays,
     #: its memory is released and every use is refused until reload resumes it.
     SUSPENDED = "suspended"
-    #: A member whose communicator failed half-way through a suspend or a resume: it cannot
-    #: be used again in this process.
+    #: A member whose communicator failed half-way through a suspend or a resume, or was
+    #: aborted because a free of its step outlived its deadline: it cannot be used again in
+    #: this process.
     BROKEN = "broken"
     #: This rank is not in the group. Reload replays the creation while a member needs it,
     #: because torch creates a group collectively (a communicator split, for instance).
@@ -42,8 +43,10 @@ class State(enum.Enum):
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.LIVE: frozenset({State.DESTROYED, State.SUSPENDED, State.RELEASED, State.ENDED}),
-    State.DESTROYED: frozenset({State.LIVE, State.RELEASED, State.ENDED}),
+    State.LIVE: frozenset(
+        {State.DESTROYED, State.SUSPENDED, State.BROKEN, State.RELEASED, State.ENDED}
+    ),
+    State.DESTROYED: frozenset({State.LIVE, State.BROKEN, State.RELEASED, State.ENDED}),
     State.SUSPENDED: frozenset({State.LIVE, State.BROKEN, State.RELEASED, State.ENDED}),
     State.BROKEN: frozenset({State.RELEASED, State.ENDED}),
     State.NON_MEMBER: frozenset({State.ENDED}),

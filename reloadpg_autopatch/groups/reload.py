@@ -17,10 +17,10 @@ import time
 
 import torch.distributed as dist
 
-from .._originals import destroy_native
 from ..errors import MemoryShortError, ReloadPGError, WorldLostError
 from . import (
     agreement,
+    frees,
     hooks,
     names,
     participants,
@@ -181,6 +181,6 @@ def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
             participants.sync("reload", "created")
     for native in run.taken_part:
         if type(native) is _Native:
-            destroy_native(native)
+            frees.destroy(native, f"group {str(native.group_name)!r} (only taken part in)")
     registry.prune()
     return cycle

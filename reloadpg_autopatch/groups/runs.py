@@ -38,6 +38,8 @@ class DestroyRun:
     destroyed: list[str] = field(default_factory=list)
     #: Groups whose suspend raised: ``(name, error)``.
     failures: list[tuple[str, BaseException]] = field(default_factory=list)
+    #: The error of a free that outlived its deadline (``frees``): the frees after it abort.
+    stuck: BaseException | None = None
 
 
 @dataclass

@@ -33,6 +33,10 @@ ALLOWED = {
     (S, B),  # a suspend or a resume failed half-way
     (B, R),  # the program lets go of a broken group
     (B, E),  # its world is destroyed
+    # NCCL 2.31's destroy waits for every member: a free that outlived its deadline was
+    # aborted, and so were the frees after it (issue 36).
+    (L, B),  # its free was stuck (aborted), or a free before it was (aborted instead)
+    (D, B),  # freed, by an abort, after a stuck free
 }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ...errors import GroupDestroyedError, ModeRefusedError, ReloadPGError
+from ...errors import GroupBrokenError, GroupDestroyedError, ModeRefusedError, ReloadPGError
 from .. import recreation
 from ..agreement import DestroyAnswers, ReloadAnswers
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
@@ -44,6 +44,8 @@ class Way:
     in_place: ClassVar[bool] = False
     #: It answers at the destroy's agreement whether it can suspend.
     suspends: ClassVar[bool] = False
+    #: Its free comes after every other one of a destroy (its swap tears down every group).
+    frees_last: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"<way {self.name}>"
@@ -179,6 +181,12 @@ class Way:
     def after_destroy(self, record: Record) -> None:
         """Once every record of a destroy is done (and WORLD swapped): settle what is left."""
 
+    def broke(self, record: Record) -> None:
+        """Its communicator was aborted (a free of the step outlived its deadline): it cannot
+        be used again here."""
+        if record.state in (State.LIVE, State.DESTROYED):
+            record.move(State.BROKEN)
+
     # ---- how it appears ----------------------------------------------------------------------
 
     def held(self, record: Record) -> Any:
@@ -212,6 +220,12 @@ class Way:
 
     def use_error(self, record: Record, label: str, what: str) -> ReloadPGError:
         """The error for using the group while it has no native group."""
+        if record.state is State.BROKEN:
+            return GroupBrokenError(
+                f"{label} cannot be used ({what}): its communicator was aborted when a free "
+                "of its destroy outlived its deadline (a peer never came); this world cannot "
+                "be reloaded: end it, and start again"
+            )
         if record.state is State.ENDED and record.ended_with_world:
             return GroupDestroyedError(
                 f"{label} belonged to a WORLD that was destroyed "

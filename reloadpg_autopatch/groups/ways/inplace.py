@@ -22,7 +22,7 @@ from torch.distributed import distributed_c10d as c10d
 from ..._env import MODE_ENV
 from ..._originals import original
 from ...errors import ModeRefusedError
-from .. import backends, guard, memory, participants, process, rendezvous
+from .. import backends, frees, guard, memory, participants, process, rendezvous
 from ..agreement import KEEP
 from ..backends import device_backends
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
@@ -67,9 +67,9 @@ def in_place_refusal(group: Any) -> str | None:
     return None
 
 
-def release(group: Any) -> None:
+def release(group: Any, label: str) -> None:
     """Free the group's communicator; the object stays torch's registered group."""
-    group.shutdown()
+    frees.shutdown(group, label)
 
 
 def _uuid(holder: process.ProcessState, name: str) -> int:
@@ -174,7 +174,7 @@ class InPlace(Way):
     def free(self, record: Record, run: DestroyRun) -> None:
         record.timeout = backends.group_timeout(record.native)
         record.device = memory.device_of(record.native)
-        release(record.native)
+        release(record.native, frees.label(record.name, record.kwargs))
         record.move(State.DESTROYED)
         self.note(run, "destroyed", record)
 

@@ -24,9 +24,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..._originals import original
 from ...errors import ReloadPGError, WorldLostError
-from .. import aliases, backends, faults, names, participants, process, registry
+from .. import aliases, backends, faults, frees, names, participants, process, registry
 from ..stepping import lose_world
 from ..ways.wrapper import ReloadableProcessGroup
 from .end import end_world
@@ -101,8 +100,14 @@ def process_globals_kept() -> Iterator[None]:
 def _init_world(world: Any, backend: str, step: str) -> None:
     """Destroy the WORLD there is, start ``backend``'s; a failure leaves none, and says so."""
     holder = process.current()
+    temporary = backend == world.temporary_backend and not world.swapped
     with names.preserved_group_count(), process_globals_kept():
-        original("destroy_process_group")()
+        try:
+            frees.destroy_every_group("WORLD", world.world_size)
+        except ReloadPGError as error:
+            if not frees.stuck(error):
+                raise
+            raise _lost(error, temporary) from None  # torch tore every group down
         key = holder.key(step, "world", participants.token(), backend)
         store = dist.PrefixStore(key + "/", world.store)
         kwargs: dict[str, Any] = {}
@@ -112,7 +117,6 @@ def _init_world(world: Any, backend: str, step: str) -> None:
             if world.pg_options is not None:
                 kwargs["pg_options"] = world.pg_options
         # The temporary WORLD connects its pairs on first use: a swap costs O(1) per rank.
-        temporary = backend == world.temporary_backend and not world.swapped
         started = time.monotonic()
         try:
             with lazy_gloo(temporary):

@@ -16,7 +16,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..._env import MODE_ENV
 from ...errors import ModeRefusedError
-from .. import guard, mode, participants
+from .. import frees, guard, mode, participants
 from ..agreement import ReloadAnswers
 from ..backends import holds_accelerator_memory
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
@@ -32,7 +32,9 @@ from . import swap
 
 class _World:
     """What WORLD is, whichever way it takes: no group of the program's (not listed, not named
-    in the report's per-group outcomes)."""
+    in the report's per-group outcomes), freed after every group."""
+
+    frees_last: ClassVar[bool] = True
 
     def note(self, run: DestroyRun | ReloadRun, outcome: str, record: Record) -> None:
         pass
@@ -74,8 +76,13 @@ class WorldSwap(_World, Way):
         return "swap"
 
     def free(self, record: Record, run: DestroyRun) -> None:
+        if frees.aborting_now():
+            return  # a peer is gone: a swap would wait for it; WORLD stays as it is
         swap.swap_out()
         record.move(State.DESTROYED)
+
+    def broke(self, record: Record) -> None:
+        """WORLD is left as it was (awake, not swapped): nothing of it was aborted."""
 
     def recreate(self, record: Record, run: ReloadRun) -> None:
         swap.swap_in()
@@ -94,7 +101,7 @@ class WorldInPlace(_World, InPlace):
     def free(self, record: Record, run: DestroyRun) -> None:
         registered = participants.registration()
         swap.refresh_timeout(registered)
-        release(c10d._get_default_group())
+        release(c10d._get_default_group(), "WORLD")
         record.move(State.DESTROYED)
 
     def phase(self, step: DestroyStep | ReloadStep) -> str:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...._originals import destroy_native
-from ... import aliases, names, pools
+from ... import aliases, frees, names, pools
 from ...record import Record, State
 
 
@@ -30,11 +29,13 @@ def unserve(record: Record, destroy: bool) -> None:
     """Take the record's native group away (destroying it first when ``destroy``)."""
     aliases.unlink(record.alias)
     record.alias = None
-    if destroy and record.native is not None:
-        if record.replays:
-            pools.release(record, f"group {record.name!r}")
-        destroy_native(record.native)
-    record.set_native(None)
+    try:
+        if destroy and record.native is not None:
+            if record.replays:
+                pools.release(record, f"group {record.name!r}")
+            frees.destroy(record.native, frees.label(record.name, record.kwargs))
+    finally:
+        record.set_native(None)
 
 
 def abandoned(record: Record) -> bool:
