@@ -21,6 +21,7 @@ __all__ = [
     "ModeRefusedError",
     "PeerMissingError",
     "RegistrationError",
+    "ReleaseError",
     "ReloadHookError",
     "ReloadPGError",
     "StepInProgressError",
@@ -83,6 +84,13 @@ class ReloadHookError(ReloadPGError):
     """A reload hook raised; the destroy or reload it ran in completed on this rank."""
 
     slug = "reload-hook"
+
+
+class ReleaseError(ReloadPGError):
+    """A release of what borrows a communicator (Megatron's teardown callbacks, NCCL EP's
+    finalize) raised before a destroy: nothing was freed or suspended on any rank."""
+
+    slug = "release"
 
 
 class ModeRefusedError(ReloadPGError):

@@ -124,6 +124,10 @@ class DestroyAnswers(Answers):
     #: The settings that choose a group's way here, ``{variable: value}`` ("" unset); merged,
     #: those whose values differ: ``{variable: {value: ranks}}``.
     settings: dict[str, Any] = field(default_factory=dict, metadata=BY_RANK)
+    #: The releases that raised here before the destroy (``releases``), one line each, and
+    #: this rank (as a name: merged, the ranks that said so, as runs of numbers).
+    release_failed: list[str] = field(default_factory=list, metadata=LINES)
+    release_failed_ranks: list[str] = field(default_factory=list, metadata=NAMES)
 
     def verdicts(self) -> dict[str, Verdict]:
         """Each asked group's verdict, from every member's answer: the same on every rank.

@@ -20,8 +20,19 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..errors import ReloadPGError
-from . import agreement, frees, hooks, participants, process, registry, report, stepping, ways
+from ..errors import ReleaseError, ReloadPGError, format_ranks
+from . import (
+    agreement,
+    frees,
+    hooks,
+    participants,
+    process,
+    registry,
+    releases,
+    report,
+    stepping,
+    ways,
+)
 from .agreement import DestroyAnswers
 from .decisions import DestroyFacts, DestroyStep, destroy_step
 from .record import Record, State
@@ -67,6 +78,9 @@ def concerned(holder: process.ProcessState) -> list[Any]:
 def _agree(run: DestroyRun) -> None:
     """Every rank's answers, merged; every rank then knows each group's verdict."""
     answers = DestroyAnswers()
+    answers.release_failed = releases.failures(run.releases)
+    if answers.release_failed:
+        answers.release_failed_ranks = [str(participants.global_rank())]
     common.answer_for_rank(answers)
     for answer in {type(way).answer_destroy_for_rank for way in ways.registered()}:
         answer(answers)
@@ -75,10 +89,26 @@ def _agree(run: DestroyRun) -> None:
         common.answer(record, answers)
     run.agreed = agreement.exchange(answers)
     with participants.agreed_outcome():
+        _refuse_failed_releases(run.agreed)
         run.verdicts = run.agreed.verdicts()
         for check in {type(way).after_destroy_agreement for way in ways.registered()}:
             check(run)
         common.settle(run)
+
+
+def _refuse_failed_releases(agreed: DestroyAnswers) -> None:
+    """A release raised on some rank: every rank refuses, before anything is freed."""
+    if not agreed.release_failed:
+        return
+    ranks = sorted(int(r) for r in agreed.release_failed_ranks)
+    raise ReleaseError(
+        f"destroy_process_groups() ({participants.where('destroy')}): what borrows a "
+        f"communicator could not be released on {'rank' if len(ranks) == 1 else 'ranks'} "
+        f"{format_ranks(ranks)}: "
+        f"{'; '.join(sorted(agreed.release_failed))}. The other releases ran; nothing was "
+        "freed or suspended on any rank, and every group still works: fix the release (or "
+        "the state it found) and call destroy_process_groups() again"
+    )
 
 
 def _carry_out(record: Record, step: DestroyStep, run: DestroyRun) -> None:
@@ -143,6 +173,9 @@ def destroy_process_groups() -> None:
                 cycle.measure("before_destroy")
                 with run.part.phase("hooks"):
                     failures = hooks.run("before_destroy", concerned(holder))
+                with run.part.phase("releases"):
+                    run.releases = releases.run()
+                run.part.releases = [outcome.to_dict() for outcome in run.releases]
                 with run.part.phase("sync"):
                     _agree(run)
                 for record in list(registry.records()):

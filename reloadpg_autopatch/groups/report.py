@@ -31,6 +31,9 @@ class StepReport:
     creations: dict[str, float] = field(default_factory=dict)
     #: Group names per outcome: ``destroyed``; or ``rebuilt``, ``forgotten``, ``taken_part``.
     groups: dict[str, list[str]] = field(default_factory=dict)
+    #: What borrowed a communicator, released before the destroy freed any (destroy only):
+    #: ``{"name", "stage", "ms", "error"}`` per release, in the order they ran.
+    releases: list[dict[str, Any]] = field(default_factory=list)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -48,6 +51,7 @@ class StepReport:
             "phases": {k: round(v, 3) for k, v in self.phases.items()},
             "creations": {k: round(v, 3) for k, v in self.creations.items()},
             "groups": {k: list(v) for k, v in self.groups.items()},
+            "releases": [dict(r) for r in self.releases],
         }
 
 

@@ -40,6 +40,8 @@ class DestroyRun:
     failures: list[tuple[str, BaseException]] = field(default_factory=list)
     #: The error of a free that outlived its deadline (``frees``): the frees after it abort.
     stuck: BaseException | None = None
+    #: What borrowed a communicator, released before anything was freed (``releases``).
+    releases: list[Any] = field(default_factory=list)
 
 
 @dataclass

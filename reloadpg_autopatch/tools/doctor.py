@@ -459,7 +459,7 @@ def _check_fidelity(report: Report) -> None:
 def _check_cycle(report: Report) -> None:
     """The guard's settings, the hooks, and in a live process the last cycle's report."""
     from ..groups import guard as memory_guard
-    from ..groups import hooks, memory
+    from ..groups import hooks, memory, releases
     from ..groups.lifecycle import last_cycle_report
 
     guard = memory_guard.get_memory_guard()
@@ -471,6 +471,7 @@ def _check_cycle(report: Report) -> None:
             "probe": "torch" if memory.probe_is_default() else "custom",
         },
         "hooks": hooks.registered(),
+        "releases": releases.describe(),
         "last": last.to_dict() if last is not None else None,
     }
 
@@ -713,6 +714,7 @@ def render(report: Report) -> str:
         lines.append(
             f"  hooks        {len(names)} reload hooks" + (f": {', '.join(names)}" if names else "")
         )
+        lines.append(f"  releases     before each destroy: {report.cycle['releases']}")
         last = report.cycle["last"]
         lines.append(
             f"  last cycle   {describe(last)}" if last else "  last cycle   none in this process"
