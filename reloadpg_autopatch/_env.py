@@ -25,6 +25,9 @@ EVERY_CALL_ENV = "SLIME_RELOADABLE_PG_MEMORY_GUARD_EVERY_CALL"
 #: Seconds one ``suspend()`` or ``resume()`` may take before the watchdog ends the process
 #: (default: WORLD's timeout).
 SUSPEND_TIMEOUT_ENV = "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT"
+#: In ``auto`` mode, the share of a communicator's memory a suspend must free (its
+#: ``memory_stats()``: ``suspend / total``) for the group to be suspended rather than freed.
+SUSPEND_MIN_FREED_ENV = "SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED"
 #: Testing only: ``patch`` makes the patch raise, to check that nothing breaks.
 FAIL_ENV = "SLIME_RELOADABLE_PG_INJECT_FAILURE"
 #: Adopt a framework's lifecycle module (its names point at this package's lifecycle): on by
@@ -42,6 +45,7 @@ VARIABLES = (
     MIN_FREE_ENV,
     EVERY_CALL_ENV,
     SUSPEND_TIMEOUT_ENV,
+    SUSPEND_MIN_FREED_ENV,
     FAIL_ENV,
     ADOPT_ENV,
     ADOPT_MODULES_ENV,
@@ -124,6 +128,26 @@ def parse_suspend_timeout(raw: str) -> float:
     """``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT``'s value in seconds; ``ValueError`` names what is
     accepted."""
     return parse_seconds(raw, SUSPEND_TIMEOUT_ENV, LONGEST_SUSPEND_TIMEOUT_S)
+
+
+#: ``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED`` when unset: a suspend that would keep most of a
+#: communicator's memory (a one-rank group's network buffer) is not worth its keeping.
+DEFAULT_SUSPEND_MIN_FREED = 0.5
+
+
+def parse_suspend_min_freed(raw: str) -> float:
+    """``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED``'s value, a share from 0 to 1; ``ValueError``
+    names what is accepted."""
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:  # also NaN and the infinities
+        raise ValueError(
+            f"{SUSPEND_MIN_FREED_ENV}={excerpt(raw)} is not a share of a communicator's memory; "
+            "accepted: a number from 0 (always suspend) to 1, such as 0.5 (the default)"
+        )
+    return value
 
 
 def mode_problem(raw: str | None) -> str | None:

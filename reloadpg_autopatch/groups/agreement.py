@@ -118,6 +118,12 @@ class DestroyAnswers(Answers):
     awake: list[str] = field(default_factory=list, metadata=NAMES)
     #: Why, per group, a backend cannot suspend here.
     why: list[str] = field(default_factory=list, metadata=LINES)
+    #: ``auto`` mode: a suspend would free less than ``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED``
+    #: of its memory here; what it would free (one line per group and figure, no rank in it);
+    #: and the groups this rank could not free instead (torch's own, not rebuilt in place).
+    little: list[str] = field(default_factory=list, metadata=NAMES)
+    little_why: list[str] = field(default_factory=list, metadata=LINES)
+    cannot_free: list[str] = field(default_factory=list, metadata=NAMES)
     #: Every group this rank is a member of, ``{name: [way, size, common ways]}``; merged,
     #: those whose members differ: ``{name: {"size", "ways": {way: ranks}, FREE, KEEP}}``.
     ways: dict[str, Any] = field(default_factory=dict, metadata=WAYS)
@@ -144,9 +150,17 @@ class DestroyAnswers(Answers):
             set(self.uninitialized),
             set(self.unsupported),
         )
+        little, cannot_free = set(self.little), set(self.cannot_free)
         return {
             name: sleep_verdict(
-                Reports(name in ok, name in uninitialized, name in unsupported, name in released)
+                Reports(
+                    name in ok,
+                    name in uninitialized,
+                    name in unsupported,
+                    name in released,
+                    name in little,
+                    name in cannot_free,
+                )
             )
             for name in every
         }

@@ -31,6 +31,10 @@ class Verdict(enum.Enum):
     #: A member released it: it stays as it is on every other member (a suspend would wait
     #: in NCCL's barrier for the member that let go).
     RESIDENT = "resident"
+    #: A suspend would keep most of its memory on some member (``auto`` mode: a one-rank
+    #: communicator's network buffer, inter-node buffers), and every member can free it
+    #: instead: freed behind its wrapper, or in place, and made again at the reload.
+    FREE = "free instead"
 
 
 class Reports(NamedTuple):
@@ -40,6 +44,10 @@ class Reports(NamedTuple):
     uninitialized: bool
     unsupported: bool
     released: bool
+    #: A suspend would free little of its memory there (``auto`` mode only).
+    little: bool = False
+    #: That member cannot free it instead (torch's own object that cannot be rebuilt in place).
+    cannot_free: bool = False
 
 
 def sleep_verdict(reports: Reports) -> Verdict:
@@ -51,7 +59,7 @@ def sleep_verdict(reports: Reports) -> Verdict:
     if reports.uninitialized:
         return Verdict.GUARD
     if reports.ok:
-        return Verdict.SUSPEND
+        return Verdict.FREE if reports.little and not reports.cannot_free else Verdict.SUSPEND
     return Verdict.FALLBACK  # nobody answered: a group no member holds any more
 
 

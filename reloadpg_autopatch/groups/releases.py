@@ -73,7 +73,7 @@ def _name(callback: Any) -> str:
     return f"{module}.{getattr(callback, '__qualname__', None) or repr(callback)}"
 
 
-def _registry(state: Any) -> tuple[Any, dict[Any, list[Any]]] | None:
+def _teardown(state: Any) -> tuple[Any, dict[Any, list[Any]]] | None:
     """Megatron's ``(TeardownStage, callbacks per stage)``, where this Megatron has them."""
     stages = getattr(state, "TeardownStage", None)
     callbacks = getattr(state, "_MODEL_PARALLEL_TEARDOWN_CALLBACKS", None)
@@ -87,9 +87,9 @@ def found() -> tuple[str, list[Release]]:
     """Where the releases come from (``REGISTRY``, ``FINALIZE`` or ``NONE``), and them, in
     the order a destroy runs them."""
     state = sys.modules.get(PARALLEL_STATE)
-    registry = _registry(state) if state is not None else None
-    if registry is not None:
-        stages, callbacks = registry
+    teardown = _teardown(state) if state is not None else None
+    if teardown is not None:
+        stages, callbacks = teardown
         out = []
         for stage_name in STAGES:
             stage = getattr(stages, stage_name, None)

@@ -140,6 +140,7 @@ def _check_gate(report: Report) -> None:
         _env.REBIND_ENV: rebind,
         _env.MODE_ENV: os.environ.get(_env.MODE_ENV),
         _env.MIN_FREE_ENV: os.environ.get(_env.MIN_FREE_ENV),
+        _env.SUSPEND_MIN_FREED_ENV: os.environ.get(_env.SUSPEND_MIN_FREED_ENV),
         _env.EVERY_CALL_ENV: os.environ.get(_env.EVERY_CALL_ENV),
         _env.SUSPEND_TIMEOUT_ENV: os.environ.get(_env.SUSPEND_TIMEOUT_ENV),
         _env.FAIL_ENV: os.environ.get(_env.FAIL_ENV),
@@ -165,6 +166,14 @@ def _check_gate(report: Report) -> None:
             _env.parse_min_free_gb(min_free)
         except ValueError as error:
             report.problems.append(f"{error}; the guard uses its default, 3 GiB")
+    share = os.environ.get(_env.SUSPEND_MIN_FREED_ENV)
+    if share is not None and share.strip():
+        try:
+            _env.parse_suspend_min_freed(share)
+        except ValueError as error:
+            report.problems.append(
+                f"{error}; auto mode uses the default, {_env.DEFAULT_SUSPEND_MIN_FREED:g}"
+            )
     mode_problem = bootstrap.reload_mode_problem()
     if mode_problem is not None:
         report.problems.append(mode_problem)
@@ -345,7 +354,21 @@ def _check_mode(report: Report) -> None:
             "nccl_runtime": versions["get_runtime_nccl_version"],
             "warnings": warnings,
             "resident_always": "inter-node network buffers and NVLS buffers stay resident",
+            "auto": _auto_frees() if chosen == "auto" else None,
         }
+
+
+def _auto_frees() -> str:
+    """What ``auto`` mode frees instead of suspending (``ways.candidates_for``, the share)."""
+    from ..groups.ways.suspend.capability import min_freed_share
+
+    share = min_freed_share()
+    return (
+        "one-rank groups are freed and made again, never suspended (a suspend keeps their "
+        f"network buffer); a group whose suspend would free less than {share:.0%} of its "
+        f"memory ({_env.SUSPEND_MIN_FREED_ENV}) is freed instead; the last cycle report names "
+        "them (freed, not suspended)"
+    )
 
 
 def _nccl(report: Report, world: Any) -> set[str]:
@@ -749,6 +772,8 @@ def render(report: Report) -> str:
             + ("Backend.suspend present" if sus["available"] else "no Backend.suspend")
             + f", guard by {sus['guard']}; {nccl}; {sus['resident_always']}"
         )
+        if sus.get("auto"):
+            lines.append(f"                 auto: {sus['auto']}")
         for warning in sus["warnings"]:
             lines.append(f"                 warning: {warning}")
     if report.forwarding:

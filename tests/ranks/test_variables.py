@@ -155,6 +155,17 @@ def test_an_accepted_suspend_timeout_is_taken_as_given(raw: str) -> None:
     assert _env.parse_suspend_timeout(raw) == float(raw)
 
 
+@pytest.mark.parametrize("raw", ["abc", "-0.1", "1.01", "nan", "inf", "-inf", "1e999", ""])
+def test_a_suspend_min_freed_outside_zero_to_one_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED=.*from 0"):
+        _env.parse_suspend_min_freed(raw)
+
+
+@pytest.mark.parametrize("raw", ["0", "0.5", " 1 ", "0.05"])
+def test_an_accepted_suspend_min_freed_is_taken_as_given(raw: str) -> None:
+    assert _env.parse_suspend_min_freed(raw) == float(raw)
+
+
 def test_the_longest_accepted_timeout_gives_a_working_watchdog() -> None:
     """``1e9`` s (the longest accepted) and WORLD's longest timeout arm a watchdog whose thread
     waits (``threading.Timer`` raised ``OverflowError`` in its thread for ``1e12`` before).

@@ -60,6 +60,10 @@ def expected_destroy(f: DestroyFacts) -> DestroyStep:
     }
     if f.verdict in agreed:
         return agreed[f.verdict]
+    if f.verdict is Sleep.FREE:  # a suspend would give back little (auto): freed instead
+        return (
+            DestroyStep.FREE_WRAPPED if f.way is Way.SUSPEND_WRAPPED else DestroyStep.FREE_IN_PLACE
+        )
     # A fallback, or no verdict (made while asleep: nobody was asked).
     return DestroyStep.FREE_WRAPPED if f.way is Way.SUSPEND_WRAPPED else DestroyStep.KEEP_RESIDENT
 
@@ -67,6 +71,8 @@ def expected_destroy(f: DestroyFacts) -> DestroyStep:
 #: A reload, case by case: (state, in place?) -> the step, or a rule over the agreement.
 def expected_reload(f: ReloadFacts) -> ReloadStep:
     in_place = f.way is Way.IN_PLACE
+    # Torch's own object freed instead of suspended (auto mode) was freed in place.
+    freed_in_place = in_place or (f.way is Way.SUSPEND and f.state is State.DESTROYED)
     table = {
         # Ended: never used again.
         (State.ENDED, False): ReloadStep.NOTHING,
@@ -96,7 +102,7 @@ def expected_reload(f: ReloadFacts) -> ReloadStep:
             return ReloadStep.REFUSE_TORN_DOWN if in_place else ReloadStep.RECREATE_AFTER_RESTORE
         return ReloadStep.NOTHING
     assert f.state is State.DESTROYED
-    if not in_place:
+    if not freed_in_place:
         return ReloadStep.RECREATE
     if f.world_restored:
         return ReloadStep.REFUSE_TORN_DOWN
@@ -153,11 +159,15 @@ def expected_verdict(r: Reports) -> Sleep:
         return Sleep.FALLBACK
     if r.uninitialized:
         return Sleep.GUARD
-    return Sleep.SUSPEND if r.ok else Sleep.FALLBACK
+    if not r.ok:
+        return Sleep.FALLBACK
+    # Some member's suspend would free little of its memory (auto mode), and every member
+    # can free it instead (behind its wrapper, or in place): freed; else suspended anyway.
+    return Sleep.FREE if r.little and not r.cannot_free else Sleep.SUSPEND
 
 
 def test_every_combination_of_answers_gives_the_documented_verdict() -> None:
-    every = [Reports(*c) for c in itertools.product(BOOLS, repeat=4)]
+    every = [Reports(*c) for c in itertools.product(BOOLS, repeat=6)]
     assert _mismatches(sleep_verdict, expected_verdict, every) == []
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "SuspendWrapped",
     "Way",
     "Wrapper",
+    "candidates_for",
     "choose",
     "explain",
     "lifecycle_only",
@@ -100,6 +101,27 @@ def _name(group: Any) -> str:
     return str(getattr(group, "group_name", "?"))
 
 
+def _size(group: Any) -> int:
+    try:
+        return int(group.size())
+    except Exception:  # torch cannot say: not a one-rank group as far as anyone knows
+        return 0
+
+
+def candidates_for(group: Any) -> list[Way]:
+    """The ways the mode in force may choose for ``group``, most preferred first.
+
+    Where the mode may choose among several, a one-rank group never suspends: a one-rank
+    NCCL communicator's network buffer (512 MiB, NCCL #2363) stays resident while suspended,
+    and with no peer to agree with, freeing it and making it again at the reload gives back
+    everything for little.
+    """
+    candidates = [get() for get in MODES[modes.get_reload_mode()]]
+    if len(candidates) > 1 and _size(group) == 1:
+        return [way for way in candidates if not way.suspends] or candidates
+    return candidates
+
+
 def choose(group: Any, *, world_swaps: bool) -> Way | None:
     """The way of a new member's group, per the mode in force; None: left alone, awake.
 
@@ -107,7 +129,7 @@ def choose(group: Any, *, world_swaps: bool) -> Way | None:
     only a group behind a wrapper survives it. A mode with one way refuses a group that way
     cannot take (``ModeRefusedError``, naming why), except a group that way leaves awake.
     """
-    candidates = [get() for get in MODES[modes.get_reload_mode()]]
+    candidates = candidates_for(group)
     for way in candidates:
         refusal = way.refusal(group, world_swaps=world_swaps)
         if refusal is None:
@@ -125,7 +147,7 @@ def explain(group: Any, backend: str) -> tuple[str, str | None]:
     chosen = modes.get_reload_mode()
     if chosen == "wrapper":
         return "behind a wrapper (the mode is wrapper)", None
-    candidates = [get() for get in MODES[chosen]]
+    candidates = candidates_for(group)
     refused: list[tuple[Way, str]] = []
     for way in candidates:
         refusal = way.refusal(group, world_swaps=False)

@@ -112,6 +112,14 @@ class Way:
         """A reload of a group a destroy freed on this member."""
         return ReloadStep.RECREATE
 
+    def in_place_wake_step(self, facts: ReloadFacts) -> ReloadStep:
+        """A reload of torch's own object whose communicator a destroy shut down in place."""
+        if facts.world_restored:
+            return ReloadStep.REFUSE_TORN_DOWN
+        if facts.released_by_a_member:
+            return ReloadStep.REFUSE_RELEASED_BY_A_MEMBER
+        return ReloadStep.REBUILD_IN_PLACE
+
     def elsewhere_step(self, facts: ReloadFacts) -> ReloadStep:
         """A peer still holds a group this rank does not (released here, or not a member)."""
         if facts.peers_in_place and (facts.state is State.NON_MEMBER or self.suspends):

@@ -151,11 +151,7 @@ class InPlace(Way):
         return DestroyStep.FREE_IN_PLACE
 
     def wake_step(self, facts: ReloadFacts) -> ReloadStep:
-        if facts.world_restored:
-            return ReloadStep.REFUSE_TORN_DOWN
-        if facts.released_by_a_member:
-            return ReloadStep.REFUSE_RELEASED_BY_A_MEMBER
-        return ReloadStep.REBUILD_IN_PLACE
+        return self.in_place_wake_step(facts)
 
     def elsewhere_step(self, facts: ReloadFacts) -> ReloadStep:
         return ReloadStep.REFUSE_RELEASED_HERE  # only a member reloads in place: released here

@@ -57,6 +57,9 @@ class _World:
     def releasable(self, record: Record) -> bool:
         return False  # destroying WORLD ends the world (``end.end_world``)
 
+    def can_free_instead(self, record: Record) -> bool:
+        return False  # suspended even where a suspend gives back little: WORLD stays WORLD
+
     def answer_reload(self, record: Record, answers: ReloadAnswers) -> None:
         """WORLD is no group a reload creates, takes part in or forgets."""
 
@@ -127,6 +130,9 @@ class WorldSuspendWrapped(_World, SuspendWrapped):
     def fallback_step(self) -> DestroyStep:
         return DestroyStep.KEEP_RESIDENT  # WORLD is never destroyed here: it stays awake
 
+    def free_step(self) -> DestroyStep:
+        return DestroyStep.KEEP_RESIDENT  # nor freed behind its stand-in
+
 
 SWAP = register(WorldSwap())
 IN_PLACE = register(WorldInPlace())
@@ -145,7 +151,9 @@ def choose(default_group: Any, backend: str, named: bool, chosen: tuple[str, ...
     that cannot suspend and is not such is refused.
     """
     chosen_mode = mode.get_reload_mode()
-    if chosen_mode in ("suspend", "auto"):
+    # auto: a one-rank WORLD is swapped or rebuilt, never suspended (``ways.candidates_for``).
+    alone = chosen_mode == "auto" and default_group.size() == 1
+    if chosen_mode in ("suspend", "auto") and not alone:
         found = capability(default_group)
         refusal = suspend_refusal(default_group, found)
         if refusal is None:

@@ -9,6 +9,7 @@ is treated alike, whatever device it serves (a test backend exercises this code)
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ import torch.distributed as dist
 from .... import _env
 from ...backends import device_backends, holds_accelerator_memory
 from .communicator import lazy_uninitialized, nonblocking
+
+logger = logging.getLogger("reloadpg_autopatch")
 
 _C10dBackend = getattr(torch._C, "_distributed_c10d", None)
 _C10dBackend = getattr(_C10dBackend, "Backend", None)
@@ -166,6 +169,8 @@ class Capability:
     refusals: list[str] = field(default_factory=list)
     #: What each leg answered, in ``legs``' order (``OK`` or ``NOT_INITIALIZED``).
     answers: list[str] = field(default_factory=list)
+    #: ``memory_stats()`` summed over the legs that answered it (empty: none did).
+    stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def suspends(self) -> bool:
@@ -174,6 +179,12 @@ class Capability:
     @property
     def cpu_only(self) -> bool:
         return not self.legs and not self.refusals
+
+    @property
+    def freed_share(self) -> float | None:
+        """The share of its memory a suspend would free (``suspend / total``; None: unknown)."""
+        total = self.stats.get("total", 0)
+        return self.stats.get("suspend", 0) / total if total > 0 else None
 
 
 def capability(native: Any) -> Capability:
@@ -184,7 +195,7 @@ def capability(native: Any) -> Capability:
         if id(backend) in seen:
             continue
         seen.add(id(backend))
-        verdict, _stats, why = probe(backend)
+        verdict, stats, why = probe(backend)
         name = _backend_name(backend)
         if verdict != UNSUPPORTED:
             refusal = (
@@ -196,6 +207,8 @@ def capability(native: Any) -> Capability:
             if refusal is None:
                 found.legs.append((device, backend))
                 found.answers.append(verdict)
+                for key, value in (stats or {}).items():
+                    found.stats[key] = found.stats.get(key, 0) + value
             else:
                 found.refusals.append(f"{name}: {refusal}")
         elif device.type == "cpu" or not holds_accelerator_memory(name):
@@ -210,6 +223,19 @@ def _backend_name(backend: Any) -> str:
         return str(backend.name())
     except Exception:
         return type(backend).__name__
+
+
+def min_freed_share() -> float:
+    """``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED``, else the default; a bad value is reported once
+    per process, and the default used."""
+    raw = os.environ.get(_env.SUSPEND_MIN_FREED_ENV)
+    if raw is not None and raw.strip():
+        try:
+            return _env.parse_suspend_min_freed(raw)
+        except ValueError as error:
+            if _env.first_report(_env.SUSPEND_MIN_FREED_ENV, raw):
+                logger.warning("%s; using %g instead", error, _env.DEFAULT_SUSPEND_MIN_FREED)
+    return _env.DEFAULT_SUSPEND_MIN_FREED
 
 
 def suspend_refusal(group: Any, found: Capability | None = None) -> str | None:

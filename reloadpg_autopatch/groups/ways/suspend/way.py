@@ -18,13 +18,22 @@ from ...._env import MODE_ENV
 from ....errors import GroupBrokenError, ModeRefusedError, ReloadPGError
 from ... import mode, participants, process
 from ...agreement import KEEP, DestroyAnswers
-from ...decisions import DestroyFacts, DestroyStep, ReloadStep, Verdict
+from ...decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep, Verdict
+from ...memory import human
 from ...record import Record, State
 from ...runs import DestroyRun, ReloadRun
 from ...watchdog import call, suspend_timeout
 from ..base import Way
+from ..inplace import IN_PLACE, in_place_refusal
 from ..wrapper import binding
-from .capability import OK, capability, suspend_refusal, torch_can_suspend, variables
+from .capability import (
+    OK,
+    capability,
+    min_freed_share,
+    suspend_refusal,
+    torch_can_suspend,
+    variables,
+)
 from .guard import Sleep, guard_error, hook_off, hook_on, stats_of
 
 #: Why no group suspends while WORLD is swapped.
@@ -123,14 +132,28 @@ class Suspend(Way):
             return DestroyStep.GUARD
         if verdict is Verdict.FALLBACK:
             return self.fallback_step()
+        if verdict is Verdict.FREE:
+            return self.free_step()
         return DestroyStep.KEEP_RESIDENT
 
     def fallback_step(self) -> DestroyStep:
         """Some member cannot suspend it: nothing can destroy torch's own object, so it stays."""
         return DestroyStep.KEEP_RESIDENT
 
+    def free_step(self) -> DestroyStep:
+        """A suspend would give back little (``auto``): torch's own object is freed in place."""
+        return DestroyStep.FREE_IN_PLACE
+
+    def can_free_instead(self, record: Record) -> bool:
+        """Whether this member can free the group instead of suspending it."""
+        return in_place_refusal(record.native) is None
+
+    def wake_step(self, facts: ReloadFacts) -> ReloadStep:
+        """Destroyed, torch's own object was freed in place: it is rebuilt in place."""
+        return self.in_place_wake_step(facts)
+
     def creates_nothing(self, record: Record) -> bool:
-        return record.state is not State.DESTROYED  # resumed, or kept awake
+        return True  # resumed, kept awake, or rebuilt in place
 
     def common_ways(self) -> str:
         return KEEP  # torch's own object: never behind a wrapper
@@ -154,6 +177,20 @@ class Suspend(Way):
             answers.why.extend(f"group {name!r}: {why}" for why in found.refusals)
         for answer in set(found.answers):
             (answers.ok if answer == OK else answers.uninitialized).append(name)
+        self._answer_share(record, found, answers)
+
+    def _answer_share(self, record: Record, found: Any, answers: DestroyAnswers) -> None:
+        """Outside ``suspend`` mode, a group a suspend would free little of is worth freeing
+        instead (a one-rank or inter-node communicator keeps its network buffers asleep)."""
+        share = found.freed_share
+        if share is None or mode.get_reload_mode() == "suspend" or share >= min_freed_share():
+            return
+        name = str(record.name)
+        answers.little.append(name)
+        total = human(found.stats.get("total", 0))
+        answers.little_why.append(f"{name}: a suspend would free {share:.0%} of its {total}")
+        if not self.can_free_instead(record):
+            answers.cannot_free.append(name)
 
     @staticmethod
     def answer_destroy_for_rank(answers: DestroyAnswers) -> None:
@@ -215,6 +252,35 @@ class Suspend(Way):
         except Exception as error:
             record.move(State.BROKEN)
             run.failures.append((str(record.name), error))
+
+    def free(self, record: Record, run: DestroyRun) -> None:
+        """Freed in place instead of suspended; refused as destroyed until the reload."""
+        IN_PLACE.free(record, run)
+        label = self.label(record)
+        hook_on(record.native, [], lambda op: self.use_error(record, label, op))
+        self.note_freed_instead(record, run)
+
+    def rebuild(self, record: Record, run: ReloadRun) -> None:
+        hook_off(record.native)
+        IN_PLACE.rebuild(record, run)
+
+    def refuse_torn_down(self, record: Record, run: ReloadRun) -> None:
+        IN_PLACE.refuse_torn_down(record, run)
+
+    def refuse_released_by_a_member(self, record: Record, run: ReloadRun) -> None:
+        IN_PLACE.refuse_released_by_a_member(record, run)
+
+    def note_freed_instead(self, record: Record, run: DestroyRun) -> None:
+        """Name a group freed instead of suspended, and why, in the destroy's report."""
+        name = str(record.name)
+        if run.verdicts.get(name) is not Verdict.FREE or run.agreed is None:
+            return
+        why = "; ".join(
+            line.partition(": ")[2]
+            for line in sorted(run.agreed.little_why)
+            if line.partition(": ")[0] == name
+        )
+        run.part.groups.setdefault("freed, not suspended", []).append(f"{name} ({why})")
 
     def keep(self, record: Record, run: DestroyRun) -> None:
         """Left awake and resident, and said so in the report."""

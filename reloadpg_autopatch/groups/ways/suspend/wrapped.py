@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ...agreement import FREE, KEEP, ReloadAnswers
-from ...decisions import DestroyStep
-from ...record import Record
+from ...decisions import DestroyStep, ReloadFacts, ReloadStep
+from ...record import Record, State
 from ...runs import DestroyRun, ReloadRun
 from ..wrapper import WRAPPER, binding
 from .guard import Sleep
@@ -32,6 +32,18 @@ class SuspendWrapped(Suspend):
     def fallback_step(self) -> DestroyStep:
         return DestroyStep.FREE_WRAPPED  # destroyed behind its wrapper, created again
 
+    def free_step(self) -> DestroyStep:
+        return DestroyStep.FREE_WRAPPED  # freed behind its wrapper instead, created again
+
+    def can_free_instead(self, record: Record) -> bool:
+        return True  # behind its wrapper, as the wrapper way
+
+    def wake_step(self, facts: ReloadFacts) -> ReloadStep:
+        return ReloadStep.RECREATE
+
+    def creates_nothing(self, record: Record) -> bool:
+        return record.state is not State.DESTROYED  # resumed, or kept awake
+
     def guard_on(self, record: Record, sleep: Sleep, label: str) -> None:
         record.wrapper.sleep()
 
@@ -50,6 +62,7 @@ class SuspendWrapped(Suspend):
 
     def free(self, record: Record, run: DestroyRun) -> None:
         WRAPPER.free(record, run)
+        self.note_freed_instead(record, run)
 
     def recreate(self, record: Record, run: ReloadRun) -> None:
         WRAPPER.recreate(record, run)
