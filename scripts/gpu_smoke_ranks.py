@@ -784,6 +784,9 @@ def _rank_checks(ctx: Ctx) -> None:
     native = type(group) is dist.ProcessGroup
     _data(mode=rpg.get_reload_mode(), in_place=native, world_backend=str(dist.get_backend()))
     registered, pool, hook_calls = _pool_setup(ctx, torch, group, device)
+    second = dist.new_group(list(range(ctx.world_size)))  # two groups: an order to keep
+    made = [str(g.group_name) for g in (group, second)]
+    released = _release_spy(torch, dist, second, device)
 
     def restore_pool(groups: list[Any]) -> None:  # what a framework's own hook would do
         hook_calls.append(len(groups))
@@ -901,6 +904,7 @@ def _rank_checks(ctx: Ctx) -> None:
                 destroyed > live,
                 f"{(destroyed - live) / MiB:.0f} MiB (mem_get_info)",
             )
+        _check_concert(number, cycle, made, released)
         cycles.append(cycle)
         _data(cycles=cycles)
     _check(
@@ -932,6 +936,53 @@ def _rank_checks(ctx: Ctx) -> None:
         }
     )
     dist.destroy_process_group()
+
+
+def _release_spy(torch: Any, dist: Any, group: Any, device: Any) -> list[Any] | None:
+    """Megatron's ``fused_a2a.nccl_ep_finalize`` replaced by a spy that runs a collective on
+    ``group`` (so it ran while that group's communicator lived) and records it; None where
+    megatron-core is not installed."""
+    if importlib.util.find_spec("megatron") is None:
+        return None
+    try:
+        from megatron.core.transformer.moe import fused_a2a
+    except Exception:  # megatron-core that will not import here: nothing to release
+        return None
+    calls: list[Any] = []
+
+    def nccl_ep_finalize() -> None:
+        x = torch.ones(1, device=device)
+        try:
+            dist.all_reduce(x, group=group)
+            _sync(device)
+            calls.append(x.item())
+        except Exception as error:
+            calls.append(error_line(error))
+
+    fused_a2a.nccl_ep_finalize = nccl_ep_finalize
+    return calls
+
+
+def _check_concert(number: int, cycle: dict[str, Any], made: list[str], released: Any) -> None:
+    """What the destroy freed, in which order, and what it released first (its report)."""
+    destroy = cycle["report"]["destroy"] or {}
+    order = destroy.get("groups", {}).get("destroyed", [])
+    cycle["free_order"], cycle["releases"] = order, destroy.get("releases", [])
+    ours = [name for name in order if name in made]
+    _check(
+        f"cycle {number}: groups freed in creation order",
+        ours == made,
+        f"freed {order}; created {made}",
+    )
+    if released is None:
+        _check(f"cycle {number}: Megatron's release ran first", None, "megatron not installed")
+        return
+    _check(
+        f"cycle {number}: Megatron's release ran first",
+        len(released) == number and isinstance(released[-1], float),
+        f"spy calls {released} (each the group's all_reduce, before its free); report "
+        f"{[(r['name'], r['ms']) for r in cycle['releases']]}",
+    )
 
 
 def _pool_setup(ctx: Ctx, torch: Any, group: Any, device: Any) -> tuple[list[Any], Any, list]:

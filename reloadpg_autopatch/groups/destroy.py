@@ -195,7 +195,7 @@ def destroy_process_groups() -> None:
             raise
         stepping.end_destroy(holder)
     run.part.total_ms = (time.perf_counter() - started) * 1e3
-    run.part.groups["destroyed"] = run.destroyed[::-1]
+    run.part.groups["destroyed"] = list(run.destroyed)  # in the order freed
     if cycle is None:
         logger.info(
             "destroyed %d more process groups in %.1f ms", len(run.destroyed), run.part.total_ms

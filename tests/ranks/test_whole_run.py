@@ -455,6 +455,10 @@ def _killed(ctx: Rank, victim: int, step: str) -> dict:
     import reloadpg_autopatch as rpg
 
     dist = _begin(ctx, registered=True, timeout=timedelta(seconds=WORLD_S))
+    # Every free waits for its members, as NCCL 2.31's destroy does (a CPU model).
+    from tests.support import destroy_barrier
+
+    destroy_barrier.install(dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False))
     groups = [dist.new_group([0, 1, 2]), dist.new_group([0, 1]), dist.new_group([1, 2])]
     rpg.destroy_process_groups()
     rpg.reload_process_groups()  # one good cycle first
@@ -491,7 +495,9 @@ def test_a_rank_that_dies_in_a_step_fails_the_others_within_worlds_timeout(
     victim: int, step: str
 ) -> None:
     """Every survivor raises within WORLD's timeout plus a few seconds (never a group's own
-    30-minute default), naming the step, the cycle and the missing rank (or the lost store)."""
+    30-minute default), naming the step, the cycle and the missing rank (or the lost store).
+    Every free waits for its members there, as NCCL 2.31's destroy does
+    (``tests/support/destroy_barrier.py``)."""
     reports = run_ranks(
         functools.partial(_killed, victim=victim, step=step),
         3,

@@ -65,14 +65,24 @@ def _barrier_shutdown(self: Any) -> Any:
         FREES.append((name, members, "skipped"))
         return _shutdown(self)
     store = _state["store"]
-    store.add(key, 1)
-    while store.add(key, 0) < len(members):  # no timeout, as in NCCL
+    arrived = _count(store, key, 1)
+    while arrived is None or arrived < len(members):  # no timeout, as in NCCL
         if id(self) in _aborted:
             FREES.append((name, members, "aborted while waiting"))
             return _shutdown(self)
         time.sleep(POLL_S)
+        arrived = _count(store, key, 1 if arrived is None else 0)
     FREES.append((name, members, "destroyed"))
     return _shutdown(self)
+
+
+def _count(store: Any, key: str, add: int) -> int | None:
+    """The members counted in so far (None: the store is gone; NCCL's own barrier does not
+    go through the store, so a member then waits on, as for a peer that never comes)."""
+    try:
+        return int(store.add(key, add))
+    except Exception:
+        return None
 
 
 def _flagging_abort(self: Any) -> Any:
