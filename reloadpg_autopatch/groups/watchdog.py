@@ -63,14 +63,17 @@ def suspend_timeout(world_timeout: timedelta) -> float:
 
 
 def end_process(message: str) -> None:
-    """Say ``message`` once (log and stderr), dump every thread's stack, and end the process.
+    """Say ``message`` once (the log, or stderr where nothing handles the log), dump every
+    thread's stack, and end the process.
 
     ``abort()`` ends it with SIGABRT even if the program handles SIGABRT in Python (its handler
     would only run once the stuck call returned).
     """
-    logger.critical("%s", message)
     with contextlib.suppress(Exception):
-        sys.stderr.write(message + "\n")
+        if logger.hasHandlers():
+            logger.critical("%s", message)
+        else:  # nothing would show it: the one line goes to stderr itself
+            sys.stderr.write(message + "\n")
         sys.stderr.flush()
         faulthandler.dump_traceback(all_threads=True)  # a one-time dump: no timer is touched
     os.abort()

@@ -132,3 +132,55 @@ def test_a_rank_dying_inside_its_free_leaves_no_survivor_waiting() -> None:
         assert [how for _name, _members, how in stuck] == ["aborted while waiting"], out["frees"]
         assert out["frees"][-1][0] == out["second"], (rank, out["frees"])  # WORLD not freed
         assert out["use"] == "GroupBrokenError", (rank, out["use"])
+
+
+def _abort_never_reaches(ctx: Rank) -> None:
+    """As ``_dies_in_second_free``, where no abort can reach the stuck free: this rank's stderr
+    goes to a file of the test's, and the time the destroy began before it."""
+    import os
+    import sys
+
+    path = os.path.join(os.environ["FREES_TEST_DIR"], f"rank{ctx.rank}.err")
+    handle = open(path, "w", buffering=1)  # noqa: SIM115 - the rank's process ends with it
+    os.dup2(handle.fileno(), 2)
+    sys.stderr = handle
+    dist, rpg, model = _start(ctx, WORLD_S)
+    groups = [dist.new_group([0, 1, 2]) for _ in range(2)]
+    model.abort_cannot_reach()
+    if ctx.rank == 2:
+        model.die_in_free(2)
+    handle.write(f"DESTROY BEGINS {time.time()} freeing {groups[1].group_name}\n")
+    rpg.destroy_process_groups()
+    handle.write("RETURNED\n")  # never: the watchdog ends this process
+
+
+def test_where_no_abort_reaches_the_stuck_free_the_watchdog_ends_the_process(tmp_path) -> None:
+    """Where torch cannot abort the stuck communicator from another thread, the watchdog ends
+    each survivor (SIGABRT) about 5 s after the abort, with one message naming the group and
+    the rank that never came, and the stacks. About 15 s: WORLD's timeout, the grace, and the
+    5 s the abort is given."""
+    import re
+
+    from reloadpg_autopatch.groups.faults import GRACE_S
+    from reloadpg_autopatch.groups.frees import ABORT_S
+
+    run_ranks(
+        _abort_never_reaches,
+        3,
+        timeout=60,
+        env={**GATE, "FREES_TEST_DIR": str(tmp_path)},
+        may_die=frozenset({0, 1, 2}),
+    )
+    for rank in (0, 1):
+        path = tmp_path / f"rank{rank}.err"
+        text = path.read_text()
+        assert "RETURNED" not in text, text[-2000:]
+        began = float(re.search(r"DESTROY BEGINS (\S+) freeing (\S+)", text)[1])
+        group = re.search(r"DESTROY BEGINS \S+ freeing (\S+)", text)[1]
+        ends = [line for line in text.splitlines() if "this process ends here" in line]
+        assert len(ends) == 1, text[-3000:]
+        assert f"freeing group '{group}'" in ends[0], ends[0]
+        assert "ranks 2 never reached it" in ends[0], ends[0]
+        assert "Stack" in text or "File " in text, text[-2000:]  # the stacks follow
+        took = path.stat().st_mtime - began
+        assert WORLD_S + GRACE_S + ABORT_S - 1 <= took <= WORLD_S + GRACE_S + ABORT_S + 6, took

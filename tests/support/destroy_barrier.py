@@ -13,9 +13,11 @@ methods from Python (``distributed_c10d``), which is where this model sits: gloo
 never reaches a Python override of its own.
 
 ``die_in_free(n)``: this rank kills itself (SIGKILL) inside its ``n``-th free, before counting
-itself in, as a rank that dies inside ``ncclCommDestroy`` would. ``FREES`` records each free of
-this process: ``(group name, members, how)``, ``how`` being ``"destroyed"``, ``"skipped"`` (the
-group was aborted first) or ``"aborted while waiting"``; ``ABORTS`` names each group aborted.
+itself in, as a rank that dies inside ``ncclCommDestroy`` would. ``abort_cannot_reach()``: an
+abort no longer releases a waiting free, as where torch cannot abort from another thread.
+``FREES`` records each free of this process: ``(group name, members, how)``, ``how`` being
+``"destroyed"``, ``"skipped"`` (the group was aborted first) or ``"aborted while waiting"``;
+``ABORTS`` names each group aborted.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ ABORTS: list[str] = []
 #: How often a waiting member polls the store.
 POLL_S = 0.005
 
-_state: dict[str, Any] = {"store": None, "die_at": None, "frees": 0, "installed": False}
+_state: dict[str, Any] = {
+    "store": None,
+    "die_at": None,
+    "frees": 0,
+    "installed": False,
+    "abort_reaches": True,
+}
 _aborted: set[int] = set()
 _incarnations: dict[str, int] = {}
 _lock = threading.Lock()
@@ -86,8 +94,10 @@ def _count(store: Any, key: str, add: int) -> int | None:
 
 
 def _flagging_abort(self: Any) -> Any:
-    _aborted.add(id(self))
     ABORTS.append(str(self.group_name))
+    if not _state["abort_reaches"]:
+        return None  # a backend whose abort cannot reach a destroy waiting in another thread
+    _aborted.add(id(self))
     return _abort(self)
 
 
@@ -98,6 +108,12 @@ def install(store: Any) -> None:
         dist.ProcessGroup.shutdown = _barrier_shutdown  # type: ignore[method-assign]
         dist.ProcessGroup.abort = _flagging_abort  # type: ignore[method-assign]
         _state["installed"] = True
+
+
+def abort_cannot_reach() -> None:
+    """From now on an abort reaches no destroy that waits (as where torch cannot abort a
+    communicator from another thread): a free stuck in the barrier stays stuck."""
+    _state["abort_reaches"] = False
 
 
 def die_in_free(n: int) -> None:
