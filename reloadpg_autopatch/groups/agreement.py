@@ -118,6 +118,9 @@ class DestroyAnswers(Answers):
     awake: list[str] = field(default_factory=list, metadata=NAMES)
     #: Why, per group, a backend cannot suspend here.
     why: list[str] = field(default_factory=list, metadata=LINES)
+    #: Groups this package did not make that WORLD's swap would reach here anyway, and why
+    #: (``world.carry.obstacles``): the destroy is refused on every rank.
+    untouchable: list[str] = field(default_factory=list, metadata=LINES)
     #: Every group this rank is a member of, ``{name: [way, size, common ways]}``; merged,
     #: those whose members differ: ``{name: {"size", "ways": {way: ranks}, FREE, KEEP}}``.
     ways: dict[str, Any] = field(default_factory=dict, metadata=WAYS)

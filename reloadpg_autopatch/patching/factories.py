@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
 from ..groups.ways.wrapper import ReloadableProcessGroup
 from . import install, patchset
 from .wrapgen import mark
@@ -33,6 +35,8 @@ def _lifecycle() -> Any:
 
 
 logger = logging.getLogger("reloadpg_autopatch")
+
+_Native = dist.ProcessGroup
 
 #: Set to True on an outer ``new_group`` to declare that it wraps the groups we hand it.
 OUTER_WRAPS = "__reloadpg_outer_wraps__"
@@ -63,6 +67,12 @@ def _complete(reason: str) -> None:
 
 #: Outer ``new_group`` layers we stepped back for (warned once each in a process).
 _WARNED: set[str] = set()
+
+
+def _note_native(group: Any) -> None:
+    from ..groups.world import carry
+
+    carry.note_native(group)
 
 
 def _step_back(outer: Any, reason: str) -> None:
@@ -102,6 +112,8 @@ def make_new_group(
         group = _lifecycle().create(original, args, kwargs)
         if type(group) is ReloadableProcessGroup:
             _complete("a group reloads behind a wrapper")
+        elif type(group) is _Native:
+            _note_native(group)  # unless a record holds it, a cycle leaves it alone
         return group
 
     return mark(new_group, original)

@@ -29,6 +29,7 @@ from ...errors import ReloadPGError, WorldLostError
 from .. import aliases, backends, faults, names, participants, process, registry
 from ..stepping import lose_world
 from ..ways.wrapper import ReloadableProcessGroup
+from . import carry
 from .end import end_world
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -99,9 +100,12 @@ def process_globals_kept() -> Iterator[None]:
 
 
 def _init_world(world: Any, backend: str, step: str) -> None:
-    """Destroy the WORLD there is, start ``backend``'s; a failure leaves none, and says so."""
+    """Destroy the WORLD there is, start ``backend``'s; a failure leaves none, and says so.
+
+    torch's destroy of WORLD ends every group it knows: the groups this package did not make
+    reloadable are kept out of its reach and put back as they were (``carry``)."""
     holder = process.current()
-    with names.preserved_group_count(), process_globals_kept():
+    with names.preserved_group_count(), process_globals_kept(), carry.carried():
         original("destroy_process_group")()
         key = holder.key(step, "world", participants.token(), backend)
         store = dist.PrefixStore(key + "/", world.store)

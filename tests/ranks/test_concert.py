@@ -1,0 +1,328 @@
+"""In concert with the framework's actor (issue 37, and the adoption items of issue 38).
+
+A cycle touches only what the package made: a group made outside ``new_group`` (slime's
+weight-update group, made by its copy of ``init_process_group`` with torch's
+``_new_process_group_helper`` on a store of its own) comes through every cycle, WORLD's swap
+included, as it was.
+
+Every rank is activated by the gate alone; the frameworks are the stand-ins of
+``tests/support/frameworks`` (written for this project from notes on their public source). The
+oracles are outside the package: a spy on torch's ``ProcessGroup.shutdown`` and ``abort``, the
+suspendable stand-in's own call log and ``memory_stats()``, torch's ``_world`` maps and name
+registry, ``torch.distributed.get_backend``, collective results, the framework modules' own
+``calls`` lists, and the exceptions raised.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from tests.ranks.test_adoption import _outcome
+from tests.support.ranks import GATE, Rank, RankFailure, run_ranks, total
+
+pytestmark = pytest.mark.timeout(240)
+
+DEADLINE = 120.0
+#: Cycles the weight-update group goes through with WORLD swapped twice in each.
+CYCLES = 50
+#: slime's name for the weight-update group of pipeline stage 0.
+WEIGHTS = "slime-pp_0"
+
+_RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
+
+
+def _run(fn: Any, n: int = 2, *, host0: bool = True, **env: str | None) -> list[Any]:
+    """``run_ranks(fn, n)`` with the gate on and ``env``, once per session for each case.
+
+    ``host0``: rank 0 hosts the store, as Ray's train actor's WORLD (``env://``) does; a
+    program that ends its WORLD and starts another on the same store needs the launcher's."""
+    key = (fn.__name__, n, tuple(sorted(env.items())))
+    if key not in _RUNS:
+        try:
+            _RUNS[key] = (
+                True,
+                run_ranks(fn, n, timeout=DEADLINE, env={**GATE, **env}, store_in_rank0=host0),
+            )
+        except RankFailure as error:
+            _RUNS[key] = (False, error)
+    ok, value = _RUNS[key]
+    if not ok:
+        raise value
+    return value
+
+
+# ---- what the programs share ----------------------------------------------------------------
+
+
+class _Spy:
+    """Every ``shutdown()`` and ``abort()`` torch's ``ProcessGroup`` receives, by group name."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.seen: list[tuple[str, str]] = []
+        for method in ("shutdown", "abort"):
+            real = getattr(dist.ProcessGroup, method)
+
+            def spy(group: Any, *args: Any, _method: str = method, _real: Any = real) -> Any:
+                self.seen.append((_method, _name(group)))
+                return _real(group, *args)
+
+            setattr(dist.ProcessGroup, method, spy)
+
+    def of(self, name: str) -> list[str]:
+        return [method for method, seen in self.seen if seen == name]
+
+
+def _name(group: Any) -> str:
+    try:
+        return str(group.group_name)
+    except Exception:
+        return "?"
+
+
+def _entries(group: Any) -> dict[str, Any]:
+    """What torch keeps of ``group``: its entry in each ``_world`` map, its tags, and what its
+    name resolves to in torch's registry."""
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._world
+    backend, store = world.pg_map.get(group, (None, None))
+    name = world.pg_names.get(group)
+    try:
+        resolves = c10d._resolve_process_group(name) is group
+    except Exception as error:
+        resolves = f"{type(error).__name__}: {error}"
+    return {
+        "pg_map": (backend, id(store)),
+        "pg_names": name,
+        "pg_group_ranks": world.pg_group_ranks.get(group),
+        "pg_backend_config": world.pg_backend_config.get(group),
+        "pg_to_tag": world.pg_to_tag.get(group),
+        "tags_to_pg": sorted(t for t, groups in world.tags_to_pg.items() if group in groups),
+        "resolves": resolves,
+    }
+
+
+def _weights_group(ctx: Rank, backend: str = "gloo") -> Any:
+    """slime's weight-update group over every rank, on a store of its own (a prefix of its own
+    on a client of its own to the launcher's store), made by slime's ``init_process_group``."""
+    import torch.distributed as dist
+    from slime.utils import distributed_utils
+
+    store = dist.PrefixStore(
+        f"{WEIGHTS}/", dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
+    )
+    return distributed_utils.init_process_group(
+        backend=backend,
+        store=store,
+        world_size=ctx.world_size,
+        rank=ctx.rank,
+        group_name=WEIGHTS,
+        timeout=timedelta(seconds=30),
+    )
+
+
+# ---- 1. a group made outside new_group, through 50 cycles with WORLD swapped ----------------
+
+
+def _left_alone(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    import reloadpg_autopatch as pkg
+
+    spy = _Spy()
+    dist = ctx.begin(world=True)  # WORLD registered, and swapped on every destroy
+    everyone = dist.new_group(list(range(ctx.world_size)))
+    weights = _weights_group(ctx)
+    expected = float(sum(range(1, ctx.world_size + 1)))
+    before = _entries(weights)
+    out: dict[str, Any] = {"changed": [], "wrong": [], "refused": set()}
+    for cycle in range(CYCLES):
+        pkg.destroy_process_groups()
+        asleep = total(weights, ctx.rank + 1)
+        out["refused"].add(_outcome(lambda: total(everyone, 1.0))[0])
+        if cycle == 0:
+            out["report"] = pkg.last_cycle_report().to_dict()
+        pkg.reload_process_groups()
+        awake = total(weights, ctx.rank + 1), total(everyone, ctx.rank + 1)
+        if (asleep, *awake) != (expected,) * 3:
+            out["wrong"].append((cycle, asleep, awake))
+        now = _entries(weights)
+        if now != before:
+            out["changed"].append((cycle, now))
+    out.update(
+        before=before,
+        shut=spy.of(WEIGHTS),
+        shut_any=len(spy.seen),
+        ranks=dist.get_process_group_ranks(weights),
+        backend=str(dist.get_backend(weights)),
+    )
+    if ctx.rank == 0:
+        from reloadpg_autopatch.tools import doctor
+
+        out["doctor"] = [
+            line for line in doctor.render(doctor.diagnose()).splitlines() if "left alone" in line
+        ]
+    return out
+
+
+def test_a_group_made_outside_new_group_comes_through_50_swaps_as_it_was() -> None:
+    """slime's weight-update group (``_new_process_group_helper`` on a store of its own),
+    WORLD registered and swapped for a temporary WORLD at each of 50 destroys and restored at
+    each reload: torch's ``shutdown()``/``abort()`` never reach it (while the package's own
+    groups and WORLDs do get theirs: the spy works), its entries in every ``_world`` map and its
+    name in torch's registry are the same after every cycle, its all_reduce gives every rank's
+    sum asleep and awake, while the package's group is refused asleep. 2 ranks x 50 cycles,
+    each two WORLD creations: about 5 s."""
+    for rank, out in enumerate(_run(_left_alone)):
+        assert out["shut"] == [], (rank, out["shut"])
+        assert out["shut_any"] > 0  # the spy sees the shutdowns torch does make
+        assert out["before"]["pg_names"] == WEIGHTS
+        assert out["before"]["resolves"] is True
+        assert out["changed"] == [], out["changed"][:1]
+        assert out["wrong"] == [], out["wrong"][:3]
+        assert out["refused"] == {"GroupDestroyedError"}
+        assert out["ranks"] == [0, 1]
+        assert out["backend"] == "gloo"
+
+
+def test_the_cycle_report_and_the_doctor_list_the_group_left_alone_and_why() -> None:
+    for out in _run(_left_alone):
+        left = out["report"]["destroy"]["left_alone"]
+        assert left == {
+            WEIGHTS: {
+                "ranks": [0, 1],
+                "backend": "gloo",
+                "why": "made outside new_group",
+                "memory": None,  # gloo tells no memory
+            }
+        }, left
+    lines = _run(_left_alone)[0]["doctor"]
+    left = [line for line in lines if line.startswith("  left alone")]
+    assert len(left) == 1, lines
+    assert repr(WEIGHTS) in left[0], lines
+    assert "made outside new_group" in left[0], lines
+
+
+def _left_alone_suspending(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+    from tests.support import suspendable as s
+
+    frameworks.on_path()
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as pkg
+
+    ctx.init(backend=s.NAME_A)  # WORLD suspends in place, as an NCCL WORLD does
+    pkg.register_default_process_group(timedelta(seconds=30))
+    everyone = dist.new_group(list(range(ctx.world_size)))
+    made = len(s.backends(s.NAME_A))
+    weights = _weights_group(ctx, s.NAME_A)
+    (backend,) = s.backends(s.NAME_A)[made:]
+    stats = backend.memory_stats()
+    sums = []
+    for _ in range(3):
+        pkg.destroy_process_groups()
+        report = pkg.last_cycle_report().to_dict()
+        sums.append(total(weights, 1.0))
+        pkg.reload_process_groups()
+        sums.append(total(everyone, 1.0))
+    return {
+        "sums": sums,
+        "suspended_ours": bool(s.calls("suspend")),
+        "stats": stats,
+        "left_alone": report["destroy"]["left_alone"],
+        "ops": sorted({c.op for c in s.calls(backend=backend)} - {"memory_stats"}),
+    }
+
+
+def test_a_left_alone_group_in_suspend_mode_is_never_suspended_and_its_memory_is_reported() -> None:
+    """The weight-update group on the suspendable stand-in (a backend that tells its memory,
+    as NCCL's ``memory_stats()`` does) beside a WORLD and a group of the package's on it,
+    ``SLIME_RELOADABLE_PG_MODE=suspend``: no cycle suspends, resumes, shuts down or aborts it
+    (the stand-in's own call log) while the package's groups are suspended, it works asleep, and
+    the cycle report shows what its backend says it holds."""
+    for out in _run(_left_alone_suspending, SLIME_RELOADABLE_PG_MODE="suspend"):
+        assert out["ops"] == [], out["ops"]
+        assert out["suspended_ours"] is True
+        assert out["sums"] == [2.0] * 6
+        (entry,) = out["left_alone"].values()
+        assert entry["why"] == "made outside new_group"
+        assert entry["memory"] == {"cpu": out["stats"]}, entry
+
+
+# ---- 2. where torch would reach such a group anyway: a refusal on every rank -----------------
+
+
+def _refused(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    import logging
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    import reloadpg_autopatch as pkg
+
+    spy = _Spy()
+    ctx.begin()
+    held: dict[Any, str] = {}
+    if ctx.rank == 0:
+        # A group of rank 0 alone, made outside new_group (the trainer's side of a group with
+        # the rollout engines), which a torch of the future also keeps in a map of its own.
+        mine = Rank(0, 1, ctx.port)
+        weights = _weights_group(mine)
+        held[weights] = "state"
+    warned: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("reloadpg_autopatch").addHandler(handler)
+    c10d._World.pg_future_state = property(lambda self: held)
+    try:
+        pkg.register_default_process_group(timedelta(seconds=30), accelerator_backends=("gloo",))
+        everyone = dist.new_group(list(range(ctx.world_size)))
+        world = dist.group.WORLD
+        outcome = _outcome(pkg.destroy_process_groups)
+    finally:
+        del c10d._World.pg_future_state
+        logging.getLogger("reloadpg_autopatch").removeHandler(handler)
+    out = {
+        "warned": [line for line in warned if "pg_future_state" in line],
+        "outcome": outcome,
+        "everyone_awake": total(everyone, 1.0),
+        "world_same_native": dist.group.WORLD is world,
+        "shut": list(spy.seen),
+    }
+    pkg.destroy_process_groups()  # the torch we know: it goes on
+    pkg.reload_process_groups()
+    out["after"] = total(everyone, 1.0)
+    if ctx.rank == 0:
+        out["weights"] = total(weights, 5.0)
+    return out
+
+
+def test_where_torch_would_reach_a_group_left_alone_every_rank_refuses_before_anything_is_freed():
+    """A torch that kept per-group state where WORLD's swap cannot carry it (here: a new
+    ``_world`` property, holding a group only rank 0 has): the registration warns on rank 0,
+    where the group exists; the destroy refuses on both ranks, naming the group and the place,
+    before anything is freed (no shutdown, the package's group still works, WORLD unchanged);
+    without it the cycle runs, and the group still works."""
+    for rank, out in enumerate(_run(_refused)):
+        assert len(out["warned"]) == (rank == 0), out["warned"]
+        kind, text = out["outcome"]
+        assert kind == "ReloadPGError", (rank, out["outcome"])
+        assert repr(WEIGHTS) in text, text
+        assert "_world.pg_future_state" in text, text
+        assert "Nothing was destroyed" in text, text
+        assert out["shut"] == []
+        assert out["everyone_awake"] == 2.0
+        assert out["world_same_native"] is True
+        assert out["after"] == 2.0
+        if rank == 0:
+            assert out["weights"] == 5.0
