@@ -618,9 +618,11 @@ def _render_adoption(report: Report) -> list[str]:
         lines.append("                 no framework lifecycle module is imported in this process")
     for entry in info["seen"]:
         if entry["kept"] is None:
+            jobs = entry.get("kept_jobs")
+            kept = f"; kept of its patch: {'; '.join(jobs)}" if jobs else ""
             lines.append(
                 f"                 {entry['module']}: adopted ({', '.join(entry['adopted'])} "
-                "call reloadpg_autopatch's lifecycle)"
+                f"call reloadpg_autopatch's lifecycle){kept}"
             )
         else:
             guarded = "; its destroyed groups are refused" if entry.get("guarded") else ""

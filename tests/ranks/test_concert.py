@@ -3,7 +3,9 @@
 A cycle touches only what the package made: a group made outside ``new_group`` (slime's
 weight-update group, made by its copy of ``init_process_group`` with torch's
 ``_new_process_group_helper`` on a store of its own) comes through every cycle, WORLD's swap
-included, as it was.
+included, as it was. Adoption keeps what the framework's patch does besides its lifecycle (the
+backend rewrite of slime PR #2216, ``torch.distributed.old_new_group``), asks nothing of the
+framework its own registration does not.
 
 Every rank is activated by the gate alone; the frameworks are the stand-ins of
 ``tests/support/frameworks`` (written for this project from notes on their public source). The
@@ -15,21 +17,33 @@ registry, ``torch.distributed.get_backend``, collective results, the framework m
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from tests.ranks.test_adoption import _outcome
+from tests.ranks.test_adoption import (
+    ACCEL_WORLD,
+    STEP_RESULTS,
+    _accelerator_world,
+    _args,
+    _doctor,
+    _misroute,
+    _outcome,
+)
 from tests.support.ranks import GATE, Rank, RankFailure, run_ranks, total
 
 pytestmark = pytest.mark.timeout(240)
 
 DEADLINE = 120.0
+ADOPT = "SLIME_RELOADABLE_PG_ADOPT"
 #: Cycles the weight-update group goes through with WORLD swapped twice in each.
 CYCLES = 50
 #: slime's name for the weight-update group of pipeline stage 0.
 WEIGHTS = "slime-pp_0"
+#: The MUSA communication backend slime PR #2216 rewrites "nccl" to (here gloo-backed).
+MCCL = "mccl"
 
 _RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
 
@@ -326,3 +340,215 @@ def test_where_torch_would_reach_a_group_left_alone_every_rank_refuses_before_an
         assert out["after"] == 2.0
         if rank == 0:
             assert out["weights"] == 5.0
+
+
+# ---- 3. the framework patch's other jobs: the backend rewrite, old_new_group ------------------
+
+
+def _mccl_backend() -> None:
+    """Register ``mccl``: a gloo-backed backend of that name (CPU has no MUSA device)."""
+    import torch.distributed as dist
+
+    if MCCL not in dist.Backend.backend_list:
+
+        def create(store: Any, rank: int, size: int, timeout: Any) -> Any:
+            return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+        dist.Backend.register_backend(MCCL, create, devices=["cpu"])
+
+
+def _on_musa(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    _mccl_backend()
+    import torch.distributed as dist
+    from slime.backends.megatron_utils import actor as actor_module
+    from slime.utils import reloadable_process_group as rpg
+
+    import reloadpg_autopatch as pkg
+
+    actor = actor_module.MegatronTrainRayActor()
+    args = _args(ctx, "nccl")  # slime's default; its accelerator makes it mccl on MUSA
+    actor.init(args)  # ends asleep
+    actor.wake_up()
+    # Megatron asks for "nccl" by name for some of its groups (expert and hybrid ones).
+    asked = dist.new_group(list(range(ctx.world_size)), backend="nccl")
+    backends = {"world": str(dist.get_backend()), "asked": str(dist.get_backend(asked))}
+    sums = []
+    for _ in range(2):
+        actor.sleep()
+        actor.wake_up()
+        sums.append(total(asked, 1.0))
+        backends["asked_after_reload"] = str(dist.get_backend(asked))
+    out = {
+        "backends": backends,
+        "sums": sums,
+        "old_new_group": getattr(dist, "old_new_group", None) is not None,
+        "their_calls": list(rpg.calls),
+        "adopted": actor_module.destroy_process_groups is pkg.destroy_process_groups,
+    }
+    if ctx.rank == 0:
+        out["doctor"] = _doctor()
+    return out
+
+
+@pytest.mark.parametrize("adopt", ["1", "0"])
+def test_slime_on_musa_gets_mccl_groups_with_adoption_on_and_off(adopt: str) -> None:
+    """slime's actor on a MUSA machine (``mccl``, here a gloo-backed backend of that name):
+    WORLD and a group Megatron asks for by the name ``"nccl"`` are ``mccl`` groups, before and
+    after each reload, and work, whether the package adopts slime's lifecycle (which must then
+    keep slime's rewrite) or slime keeps its own (``SLIME_RELOADABLE_PG_ADOPT=0``);
+    ``torch.distributed.old_new_group`` is set in both, as slime's patch sets it."""
+    outs = _run(_on_musa, **{ADOPT: adopt, "SLIME_ACCELERATOR": "musa"})
+    for out in outs:
+        assert out["backends"] == dict.fromkeys(("world", "asked", "asked_after_reload"), MCCL)
+        assert out["sums"] == [2.0, 2.0]
+        assert out["old_new_group"] is True
+        assert out["adopted"] is (adopt == "1")
+        assert ("monkey_patch_torch_dist" in out["their_calls"]) is (adopt == "0")
+
+
+def test_the_doctor_says_what_adoption_kept_of_slimes_patch() -> None:
+    doctor = _run(_on_musa, **{ADOPT: "1", "SLIME_ACCELERATOR": "musa"})[0]["doctor"]
+    (seen,) = [s for s in doctor["adoption"]["seen"] if s["module"].startswith("slime.")]
+    assert seen["kept"] is None
+    assert seen["kept_jobs"] == [
+        "new_group's backend 'nccl' rewritten by slime.utils.accelerator.process_group_backend"
+        " (now 'mccl')",
+        "torch.distributed.old_new_group",
+    ], seen
+    text = "\n".join(doctor["lines"])
+    assert "kept of its patch: new_group's backend 'nccl' rewritten" in text, text
+
+
+# ---- 4. the adopted registration asks no more than slime's own, and keeps its arguments --------
+
+
+def _registration(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    import torch.distributed as dist
+    from slime.utils import distributed_utils
+    from slime.utils import reloadable_process_group as rpg
+    from torch.distributed import distributed_c10d as c10d
+
+    import reloadpg_autopatch as pkg
+
+    timeout = timedelta(seconds=30)
+    asked = {"accelerator_backends": ("gloo",), "temporary_backend": "cpu:gloo"}
+    ctx.init(timeout=30)
+    out: dict[str, Any] = {}
+    # World 1: slime's Gloo group was never made (get_gloo_group() raises).
+    out["no_gloo_group"] = _outcome(lambda: rpg.register_default_process_group(timeout, **asked))
+    out["again_public"] = _outcome(lambda: pkg.register_default_process_group(timeout, **asked))
+    pkg.destroy_process_groups()
+    out["temporary_config"] = str(dist.get_backend_config())
+    pkg.reload_process_groups()
+    out["restored_config"] = str(dist.get_backend_config())
+    dist.destroy_process_group()
+    # World 2: the Gloo group made first, as slime's actor makes it; WORLD registered twice.
+    ctx.reinit("second/", timeout)
+    gloo = distributed_utils.init_gloo_group()
+    count = c10d._world.group_count
+    rpg.register_default_process_group(timeout, accelerator_backends=("gloo",))
+    rpg.register_default_process_group(timeout, accelerator_backends=("gloo",))
+    out["gloo_same"] = distributed_utils.get_gloo_group() is gloo
+    out["created"] = c10d._world.group_count - count
+    sums = []
+    for _ in range(2):
+        pkg.destroy_process_groups()
+        sums.append(total(distributed_utils.get_gloo_group(), 1.0))
+        pkg.reload_process_groups()
+        sums.append(total(distributed_utils.get_gloo_group(), 1.0))
+    out["gloo_sums"] = sums
+    out["still_same"] = distributed_utils.get_gloo_group() is gloo
+    # A pass-through layer over new_group (a profiler's) after adoption set old_new_group: it
+    # wraps nothing, so new_group still hands it reloadable groups.
+    ours = dist.new_group
+
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        return ours(*args, **kwargs)
+
+    dist.new_group = profiled
+    try:
+        out["through_a_layer"] = type(dist.new_group([0, 1])).__name__
+    finally:
+        dist.new_group = ours
+    return out
+
+
+def test_the_adopted_registration_needs_no_gloo_group_and_keeps_its_arguments() -> None:
+    """Through slime's name: the registration works where slime's Gloo group was never made
+    (slime's own registration needs none); ``temporary_backend`` reaches the package (the
+    temporary WORLD is ``cpu:gloo`` only, and the same call through the package's own name is
+    the same registration, not a ``RegistrationError``); registered twice after the Gloo group
+    was made, the group is the same object, nothing is created for it, and it works asleep and
+    awake."""
+    for out in _run(_registration, host0=False):
+        assert out["no_gloo_group"] == ("no error", None), out["no_gloo_group"]
+        assert out["again_public"] == ("no error", None), out["again_public"]
+        assert out["temporary_config"] == "cpu:gloo"
+        assert out["restored_config"] != "cpu:gloo"
+        assert out["gloo_same"] is True
+        assert out["created"] == 0
+        assert out["gloo_sums"] == [2.0] * 4
+        assert out["still_same"] is True
+        # the old_new_group adoption set declares no outer layer that wraps groups
+        assert out["through_a_layer"] == "ReloadableProcessGroup"
+
+
+# ---- 7. vime's older module ------------------------------------------------------------------
+
+
+def _vime(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    _accelerator_world()
+    import torch.distributed as dist
+    from vime.backends.megatron_utils import actor as actor_module
+    from vime.utils import distributed_utils
+    from vime.utils import reloadable_process_group as rpg
+
+    import reloadpg_autopatch as pkg
+
+    actor = actor_module.MegatronTrainRayActor()
+    actor.init(_args(ctx, ACCEL_WORLD))
+    gloo = distributed_utils.get_gloo_group()
+    world = dist.group.WORLD
+    steps = [actor.train(step) for step in range(2)]
+    return {
+        "steps": steps,
+        "their_calls": list(rpg.calls),
+        "their_groups": len(rpg.ReloadableProcessGroup.GROUPS.get(os.getpid(), [])),
+        "names_ours": [
+            getattr(actor_module, n) is getattr(pkg, n)
+            for n in ("destroy_process_groups", "reload_process_groups")
+        ],
+        "gloo_same": distributed_utils.get_gloo_group() is gloo,
+        "world_same": dist.group.WORLD is world,
+        "cycle": pkg.last_cycle_report().cycle,
+        "misroute": _misroute(ctx, actor.pair),
+    }
+
+
+def test_vimes_older_module_is_adopted() -> None:
+    """vime's actor (slime's older shape: per-group teardown, ``nccl_world_destroyed``, no
+    backend rewrite), gate only, WORLD on an accelerator-like backend: its calls reach the
+    package's lifecycle (vime's functions never run, its class holds no group), each step's
+    sums are right, WORLD and vime's Gloo group stay one object each across the swaps, and a
+    collective on the destroyed pair is refused rather than run on WORLD."""
+    for rank, out in enumerate(_run(_vime, 3)):
+        assert out["steps"] == [STEP_RESULTS[rank][0]] * 2, rank
+        assert out["their_calls"] == []
+        assert out["their_groups"] == 0
+        assert out["names_ours"] == [True, True]
+        assert out["gloo_same"] is True
+        assert out["world_same"] is True
+        assert out["cycle"] == 3
+        misroute = out["misroute"]
+        assert misroute["world"] == 6.0, (rank, misroute)
+        if rank < 2:
+            assert misroute["pair"][0] == "GroupDestroyedError", (rank, misroute)
