@@ -19,7 +19,7 @@ passes them to torch as they are). The framework's own patch then never runs, so
 never holds a group; what that patch does besides its lifecycle is kept (``_keep_jobs``): the
 rewrite of the backend its ``new_group`` applies (slime's accelerator, PR #2216: ``nccl`` to
 ``mccl`` on MUSA), and ``torch.distributed.old_new_group``, which slime's ``init_gloo_group``
-reads.
+reads. A module executed again (``importlib.reload``) is adopted again.
 
 With adoption off (``SLIME_RELOADABLE_PG_ADOPT=0``, a bad value, or the framework's patch ran
 already), the framework's lifecycle stays, layered on the package's patch as before; its
@@ -66,8 +66,9 @@ class Adoption:
     kept_jobs: list[str] = field(default_factory=list)
 
 
-#: Module name -> (the module object, what was done): a module imported again is seen again.
-_SEEN: dict[str, tuple[Any, Adoption]] = {}
+#: Module name -> (the module object, what was done, ``{name: what was put there}``): a module
+#: imported again, or executed again in place, is handled again.
+_SEEN: dict[str, tuple[Any, Adoption, dict[str, Any]]] = {}
 _REPORTED: set[str] = set()
 
 
@@ -240,6 +241,17 @@ def _adopt(module: Any, elsewhere: bool) -> Adoption:
     return adoption
 
 
+def _put(module: Any) -> dict[str, Any]:
+    """What adoption (or the guard) put in the module: executed again, it holds other objects."""
+    return {name: vars(module).get(name) for name in _env.ADOPTED_NAMES}
+
+
+def _still_in_force(module: Any, put: dict[str, Any]) -> bool:
+    """Whether ``module`` still holds what was put there (an ``importlib.reload`` executes it
+    again in the same module object, binding its own functions afresh)."""
+    return all(vars(module).get(name) is value for name, value in put.items())
+
+
 def _keep(module: Any, why: str, elsewhere: bool) -> Adoption:
     factories.REWRITES.pop(module.__name__, None)  # its own new_group rewrites, if it runs
     adoption = Adoption(module.__name__, kept=why)
@@ -272,7 +284,10 @@ def handle(module: Any, *, elsewhere: bool = False) -> Adoption | None:
     name = module.__name__
     seen = _SEEN.get(name)
     if seen is not None and seen[0] is module:
-        return seen[1]
+        if _still_in_force(module, seen[2]):
+            return seen[1]
+        elsewhere = True  # executed again: what other modules bound of it goes too
+        logger.info("%s was executed again: handing it to the adoption again", name)
     if patchset.current() is None:
         return None
     on, problem = setting()
@@ -291,7 +306,7 @@ def handle(module: Any, *, elsewhere: bool = False) -> Adoption | None:
         adoption = _keep(module, why, elsewhere)
     else:
         adoption = _adopt(module, elsewhere)
-    _SEEN[name] = (module, adoption)
+    _SEEN[name] = (module, adoption, _put(module))
     if adoption.kept is None:
         logger.info(
             "adopted %s: %s now call reloadpg_autopatch's lifecycle",
@@ -392,6 +407,6 @@ def status() -> dict[str, Any]:
         "modules": list(modules()),
         "seen": [
             {**asdict(adoption), "adopted": list(adoption.adopted)}
-            for _, adoption in _SEEN.values()
+            for _, adoption, _ in _SEEN.values()
         ],
     }

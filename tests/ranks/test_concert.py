@@ -5,7 +5,8 @@ weight-update group, made by its copy of ``init_process_group`` with torch's
 ``_new_process_group_helper`` on a store of its own) comes through every cycle, WORLD's swap
 included, as it was. Adoption keeps what the framework's patch does besides its lifecycle (the
 backend rewrite of slime PR #2216, ``torch.distributed.old_new_group``), asks nothing of the
-framework its own registration does not.
+framework its own registration does not, survives ``importlib.reload`` of the framework's
+module.
 
 Every rank is activated by the gate alone; the frameworks are the stand-ins of
 ``tests/support/frameworks`` (written for this project from notes on their public source). The
@@ -31,6 +32,7 @@ from tests.ranks.test_adoption import (
     _doctor,
     _misroute,
     _outcome,
+    _steps,
 )
 from tests.support.ranks import GATE, Rank, RankFailure, run_ranks, total
 
@@ -497,6 +499,57 @@ def test_the_adopted_registration_needs_no_gloo_group_and_keeps_its_arguments() 
         assert out["still_same"] is True
         # the old_new_group adoption set declares no outer layer that wraps groups
         assert out["through_a_layer"] == "ReloadableProcessGroup"
+
+
+# ---- 5. importlib.reload() of the framework's module ----------------------------------------
+
+
+def _reexecuted(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    import importlib
+
+    from slime.utils import reloadable_process_group as rpg
+
+    import reloadpg_autopatch as pkg
+
+    adopted = os.environ.get(ADOPT) != "0"
+    backend = _accelerator_world() if adopted else "gloo"  # WORLD swapped when adopted
+    importlib.reload(rpg)
+    importlib.reload(rpg)
+    from slime.backends.megatron_utils import actor as actor_module
+
+    names = ("destroy_process_groups", "reload_process_groups")
+    out: dict[str, Any] = {"module_names_ours": [getattr(rpg, n) is getattr(pkg, n) for n in names]}
+    actor = actor_module.MegatronTrainRayActor()
+    actor.init(_args(ctx, backend))
+    out["steps"] = _steps(actor)
+    out["their_calls"] = list(rpg.calls)
+    out["misroute"] = _misroute(ctx, actor.pair)
+    return out
+
+
+@pytest.mark.parametrize("adopt", ["1", "0"])
+def test_a_reexecuted_framework_module_is_adopted_again_and_its_destroyed_group_refused(
+    adopt: str,
+) -> None:
+    """``importlib.reload()`` of slime's module (twice) before the actor imports it: adopted,
+    its names are the package's again and slime's own functions never run; kept
+    (``SLIME_RELOADABLE_PG_ADOPT=0``), its patch is guarded again. Either way a collective on
+    the destroyed group of ranks [0, 1] raises there and never runs on WORLD (whose sum after
+    is every rank's)."""
+    for rank, out in enumerate(_run(_reexecuted, 3, **{ADOPT: adopt})):
+        assert out["steps"] == [STEP_RESULTS[rank]] * 2, rank
+        if adopt == "1":
+            assert out["module_names_ours"] == [True, True]
+            assert out["their_calls"] == []
+        else:
+            assert out["their_calls"][0] == "monkey_patch_torch_dist"
+        misroute = out["misroute"]
+        assert misroute["world"] == 6.0, (rank, misroute)
+        if rank < 2:
+            assert misroute["pair"][0] == "GroupDestroyedError", (rank, misroute)
 
 
 # ---- 7. vime's older module ------------------------------------------------------------------
