@@ -6,7 +6,7 @@ weight-update group, made by its copy of ``init_process_group`` with torch's
 included, as it was. Adoption keeps what the framework's patch does besides its lifecycle (the
 backend rewrite of slime PR #2216, ``torch.distributed.old_new_group``), asks nothing of the
 framework its own registration does not, survives ``importlib.reload`` of the framework's
-module.
+module, and says what to call when a framework wrapper is refused.
 
 Every rank is activated by the gate alone; the frameworks are the stand-ins of
 ``tests/support/frameworks`` (written for this project from notes on their public source). The
@@ -550,6 +550,49 @@ def test_a_reexecuted_framework_module_is_adopted_again_and_its_destroyed_group_
         assert misroute["world"] == 6.0, (rank, misroute)
         if rank < 2:
             assert misroute["pair"][0] == "GroupDestroyedError", (rank, misroute)
+
+
+# ---- 6. a framework wrapper refused after adoption says what to call ---------------------------
+
+
+def _their_wrapper(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    import torch
+    from slime.utils import reloadable_process_group as rpg
+
+    import reloadpg_autopatch as pkg
+
+    dist = ctx.begin()
+    theirs = rpg.ReloadableProcessGroup(
+        dist.new_group([0, 1]), [0, 1], creation_args=([0, 1],), backend="gloo"
+    )
+    rpg.ReloadableProcessGroup.destroy_process_groups()  # its class's own destroy
+    t = torch.tensor([1.0])
+    refused = _outcome(lambda: dist.all_reduce(t, group=theirs))
+    rpg.reload_process_groups()  # the framework's name: reloadpg_autopatch's after adoption
+    return {
+        "adopted": rpg.reload_process_groups is pkg.reload_process_groups,
+        "refused": refused,
+        "restored_by_the_framework_name": theirs.group is not None,
+    }
+
+
+def test_a_refused_framework_wrapper_after_adoption_says_what_to_call() -> None:
+    """Adopted, slime's ``reload_process_groups`` is the package's, which never restores a
+    wrapper of slime's class (shown: it is still empty after that call); so the refusal does
+    not send the program there, and names what works: ``torch.distributed.new_group`` (whose
+    groups the package restores) or ``SLIME_RELOADABLE_PG_ADOPT=0``."""
+    for out in _run(_their_wrapper):
+        assert out["adopted"] is True
+        assert out["restored_by_the_framework_name"] is False
+        kind, text = out["refused"]
+        assert kind == "GroupDestroyedError", out["refused"]
+        assert "call the framework's reload_process_groups()" not in text, text
+        assert "slime.utils.reloadable_process_group is adopted" in text, text
+        assert "torch.distributed.new_group()" in text, text
+        assert f"{ADOPT}=0" in text, text
 
 
 # ---- 7. vime's older module ------------------------------------------------------------------
