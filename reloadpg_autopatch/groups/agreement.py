@@ -124,6 +124,9 @@ class DestroyAnswers(Answers):
     little: list[str] = field(default_factory=list, metadata=NAMES)
     little_why: list[str] = field(default_factory=list, metadata=LINES)
     cannot_free: list[str] = field(default_factory=list, metadata=NAMES)
+    #: Groups this package did not make that WORLD's swap would reach here anyway, and why
+    #: (``world.carry.obstacles``): the destroy is refused on every rank.
+    untouchable: list[str] = field(default_factory=list, metadata=LINES)
     #: Every group this rank is a member of, ``{name: [way, size, common ways]}``; merged,
     #: those whose members differ: ``{name: {"size", "ways": {way: ranks}, FREE, KEEP}}``.
     ways: dict[str, Any] = field(default_factory=dict, metadata=WAYS)

@@ -113,6 +113,9 @@ class World:
     #: ``TORCH_GLOO_LAZY_INIT`` while a lazy creation runs: depth and the saved value.
     lazy_depth: int = 0
     lazy_saved: str | None = None
+    #: Names of the groups ``new_group`` handed out as torch's own in this world: a cycle leaves
+    #: them alone as it leaves groups made outside ``new_group`` (``world.carry``).
+    left_native: set[str] = field(default_factory=set)
 
 
 @dataclass

@@ -34,6 +34,9 @@ class StepReport:
     #: What borrowed a communicator, released before the destroy freed any (destroy only):
     #: ``{"name", "stage", "ms", "error"}`` per release, in the order they ran.
     releases: list[dict[str, Any]] = field(default_factory=list)
+    #: The groups a destroy left as they were because this package did not make them
+    #: reloadable: ``{name: {ranks, backend, why, memory}}`` (``world.carry.describe``).
+    left_alone: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -52,6 +55,7 @@ class StepReport:
             "creations": {k: round(v, 3) for k, v in self.creations.items()},
             "groups": {k: list(v) for k, v in self.groups.items()},
             "releases": [dict(r) for r in self.releases],
+            "left_alone": {k: dict(v) for k, v in self.left_alone.items()},
         }
 
 
@@ -130,6 +134,8 @@ def describe(report: dict[str, Any], steps: tuple[str, ...] = ("destroy", "reloa
             continue
         phases = ", ".join(f"{k} {v:.1f}" for k, v in part["phases"].items() if v >= 0.05)
         counts = ", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in part["groups"].items())
+        left = ", ".join(f"{k} ({v['why']})" for k, v in part.get("left_alone", {}).items())
+        counts += f"; left alone: {left}" if left else ""
         parts.append(f"{step} {part['total_ms']:.1f} ms ({phases or 'nothing to time'}; {counts})")
     line = f"cycle {report['cycle']}: " + "; ".join(parts)
     free = [

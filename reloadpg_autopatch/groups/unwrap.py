@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._env import ADOPT_ENV
 from ..errors import GroupDestroyedError, ReloadPGError
 from . import memory
 from .ways.wrapper import ReloadableProcessGroup
@@ -85,17 +86,39 @@ def _foreign_ranks(group: Any) -> Any:
     return args[0] if isinstance(args, (tuple, list)) and args else None
 
 
+#: Where this package's lifecycle functions live: a framework module whose
+#: ``reload_process_groups`` comes from here was adopted.
+_OURS = "reloadpg_autopatch."
+
+
+def _adopted(module_name: str) -> bool:
+    """Whether the framework module ``module_name`` is adopted: its ``reload_process_groups``
+    is this package's, which never restores a wrapper of the framework's class."""
+    reload = getattr(sys.modules.get(module_name), "reload_process_groups", None)
+    return str(getattr(reload, "__module__", "")).startswith(_OURS)
+
+
 def _foreign_destroyed(group: Any, call: str | None) -> str:
     """The refusal of a foreign wrapper whose ``.group`` is None: the group, the call, the fix."""
     cls = type(group)
     what = f"{cls.__module__}.{cls.__qualname__}"
     ranks = _foreign_ranks(group)
     what += f" of ranks {list(ranks)!r}" if isinstance(ranks, (list, tuple, range)) else ""
-    return (
+    adopted = _adopted(cls.__module__)
+    who = "its framework's class" if adopted else "its framework"
+    said = (
         f"{what} (at {id(group):#x}) was passed to {call or 'torch.distributed'} with no "
-        "native group: its .group is None, because its framework destroyed it. torch would "
-        "read None as the default group and run the call on WORLD; call the framework's "
-        "reload_process_groups() before using the group"
+        f"native group: its .group is None, because {who} destroyed it. torch would read None "
+        "as the default group and run the call on WORLD; "
+    )
+    if not adopted:
+        return said + "call the framework's reload_process_groups() before using the group"
+    return said + (
+        f"{cls.__module__} is adopted by reloadpg_autopatch, so its reload_process_groups() is "
+        "reloadpg_autopatch's, which restores the groups torch.distributed.new_group() makes "
+        f"and never a wrapper of {cls.__qualname__}: make the group with "
+        "torch.distributed.new_group() (reloadpg_autopatch then destroys and restores it with "
+        f"the others), or keep the framework's own lifecycle with {ADOPT_ENV}=0"
     )
 
 

@@ -8,15 +8,18 @@ before anything can import a name from it), or when the patch finds it already i
 are pointed at this package's own:
 
 - ``monkey_patch_torch_dist()``: a no-op, the patch is active already;
-- ``register_default_process_group(timeout)``: the package's; where the module serves a
-  canonical Gloo group (slime's ``get_gloo_group``/``set_gloo_group``) and WORLD is swapped on
-  destroy, that group is re-made reloadable, because the swap ends every group torch knows;
+- ``register_default_process_group(timeout)``: the package's, asking nothing of the framework
+  (its Gloo group, made before registration, is left alone by WORLD's swap as every group the
+  package did not make is: ``groups.world.carry``);
 - ``destroy_process_groups()``, ``reload_process_groups()``: the package's.
 
 Only names the module defines are replaced; its wrapper class, and the rest of the module, are
 left alone (miles' plugin keeps its ``isinstance`` test, which the package's groups fail, so it
 passes them to torch as they are). The framework's own patch then never runs, so its class
-never holds a group.
+never holds a group; what that patch does besides its lifecycle is kept (``_keep_jobs``): the
+rewrite of the backend its ``new_group`` applies (slime's accelerator, PR #2216: ``nccl`` to
+``mccl`` on MUSA), and ``torch.distributed.old_new_group``, which slime's ``init_gloo_group``
+reads. A module executed again (``importlib.reload``) is adopted again.
 
 With adoption off (``SLIME_RELOADABLE_PG_ADOPT=0``, a bad value, or the framework's patch ran
 already), the framework's lifecycle stays, layered on the package's patch as before; its
@@ -33,12 +36,11 @@ import logging
 import os
 import sys
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from .. import _env
 from ..groups.ways.wrapper import ReloadableProcessGroup
-from . import patchset
+from . import factories, patchset
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -60,12 +62,13 @@ class Adoption:
     rebound: list[str] = field(default_factory=list)
     #: The framework's ``monkey_patch_torch_dist`` refuses its destroyed groups (kept only).
     guarded: bool = False
-    #: The canonical Gloo group was re-made reloadable at WORLD's registration.
-    gloo_group_kept: bool = False
+    #: What adoption kept of the framework's patch besides its lifecycle (adopted only).
+    kept_jobs: list[str] = field(default_factory=list)
 
 
-#: Module name -> (the module object, what was done): a module imported again is seen again.
-_SEEN: dict[str, tuple[Any, Adoption]] = {}
+#: Module name -> (the module object, what was done, ``{name: what was put there}``): a module
+#: imported again, or executed again in place, is handled again.
+_SEEN: dict[str, tuple[Any, Adoption, dict[str, Any]]] = {}
 _REPORTED: set[str] = set()
 
 
@@ -104,58 +107,6 @@ def monkey_patch_torch_dist() -> None:
     """A framework's ``monkey_patch_torch_dist``, adopted: the patch is already active."""
 
 
-def _registration_for(module: Any) -> Any:
-    """The package's ``register_default_process_group``, keeping the module's Gloo group."""
-    from ..groups import lifecycle as world
-
-    get_gloo = vars(module).get("get_gloo_group")
-    set_gloo = vars(module).get("set_gloo_group")
-    if not (callable(get_gloo) and callable(set_gloo)):
-        return world.register_default_process_group
-
-    @functools.wraps(world.register_default_process_group)
-    def register_default_process_group(
-        timeout: timedelta | None = None,
-        *,
-        accelerator_backends: Any = None,
-        temporary_backend: str = "gloo",
-    ) -> None:
-        world.register_default_process_group(
-            timeout,
-            accelerator_backends=accelerator_backends,
-            temporary_backend=temporary_backend,
-        )
-        _keep_gloo_group(module.__name__, get_gloo, set_gloo)
-
-    return register_default_process_group
-
-
-def _keep_gloo_group(name: str, get_gloo: Any, set_gloo: Any) -> None:
-    """A canonical Gloo group made before registration dies with WORLD's swap: remake it.
-
-    slime makes its Gloo group right after ``init_process_group``, before registering WORLD,
-    and uses it after each reload. Destroying an accelerator WORLD tears down every group torch
-    knows, so the package's swap would leave slime a dead group (slime's own lifecycle makes a
-    new one at each reload). Made now, after registration, the group is reloadable: one object
-    that comes back with every reload, as asleep as the others between a destroy and a reload.
-    Every rank registers at the same point of its program, so every rank creates it.
-    """
-    import torch.distributed as dist
-
-    from ..groups.world import registration as world
-
-    if not world.needs_swap():
-        return  # WORLD is not torn down: a raw group made before registration survives
-    current = get_gloo()
-    if current is None or isinstance(current, ReloadableProcessGroup):
-        return
-    set_gloo(dist.new_group(backend="gloo"))
-    seen = _SEEN.get(name)
-    if seen is not None:
-        seen[1].gloo_group_kept = True
-    logger.info("%s: its Gloo group is reloadable now, as WORLD is swapped on destroy", name)
-
-
 def _ours(module: Any) -> dict[str, Any]:
     # The lifecycle's modules load with the first module adopted, not with the patch (which
     # runs inside ``import torch``), as they load with the first group (``factories``).
@@ -163,20 +114,91 @@ def _ours(module: Any) -> dict[str, Any]:
 
     return {
         "monkey_patch_torch_dist": monkey_patch_torch_dist,
-        "register_default_process_group": _registration_for(module),
+        "register_default_process_group": lifecycle.register_default_process_group,
         "destroy_process_groups": lifecycle.destroy_process_groups,
         "reload_process_groups": lifecycle.reload_process_groups,
     }
+
+
+# ---- what the framework's patch does besides its lifecycle -----------------------------------
+
+
+def _backend_rewrite(module: Any) -> tuple[str, Any] | None:
+    """slime's ``new_group`` (PR #2216) asks its accelerator for the backend to use where
+    ``"nccl"`` is asked for (``mccl`` on MUSA): the same rewrite, from the module's own
+    ``accelerator``, and the doctor's words for it. None for a module without one."""
+    import torch.distributed as dist
+
+    accelerator = vars(module).get("accelerator")
+    choose = getattr(accelerator, "process_group_backend", None)
+    if not callable(choose):
+        return None
+    label = f"{getattr(accelerator, '__name__', module.__name__ + '.accelerator')}."
+    label += "process_group_backend"
+
+    def rewrite(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        explicit = args[2] if len(args) > 2 else kwargs.get("backend")
+        if explicit is None and not dist.is_initialized():
+            return args, kwargs  # torch says what is wrong
+        backend = str(explicit) if explicit is not None else str(dist.get_backend())
+        if backend != "nccl":
+            return args, kwargs
+        chosen = choose(backend)
+        if chosen == backend:
+            return args, kwargs
+        if len(args) > 2:
+            return (*args[:2], chosen, *args[3:]), kwargs
+        return args, {**kwargs, "backend": chosen}
+
+    try:
+        now = f" (now {choose('nccl')!r})"
+    except Exception as error:  # its accelerator cannot tell yet: say so, rewrite at creation
+        now = f" (its accelerator could not tell yet: {error})"
+    return f"new_group's backend 'nccl' rewritten by {label}{now}", rewrite
+
+
+def _old_new_group() -> Any:
+    """What ``torch.distributed.old_new_group`` is where adoption sets it: the package's
+    ``new_group`` as torch's own modules reach it, the one a framework's patch applied on top of
+    the package records (slime's ``init_gloo_group`` makes its Gloo group with it)."""
+    patch = patchset.current()
+    target = patch.c10d.get("new_group") or patch.wrappers["new_group"]
+
+    def old_new_group(*args: Any, **kwargs: Any) -> Any:
+        return target(*args, **kwargs)
+
+    setattr(old_new_group, factories.ADOPTED_DECLARATION, True)
+    old_new_group.__doc__ = "torch.distributed.new_group, as it was before the framework's patch"
+    return old_new_group
+
+
+def _keep_jobs(module: Any) -> list[str]:
+    """Do what the framework's patch does besides its lifecycle; say what."""
+    import torch.distributed as dist
+
+    kept = []
+    rewrite = _backend_rewrite(module)
+    if rewrite is not None:
+        factories.REWRITES[module.__name__] = rewrite[1]
+        kept.append(rewrite[0])
+    if not callable(vars(module).get("monkey_patch_torch_dist")):
+        return kept
+    if getattr(dist, factories.SLIME_DECLARATION, None) is None:
+        setattr(dist, factories.SLIME_DECLARATION, _old_new_group())
+    kept.append(f"torch.distributed.{factories.SLIME_DECLARATION}")
+    return kept
 
 
 # ---- adoption --------------------------------------------------------------------------------
 
 
 def _their_patch_ran(module: Any) -> bool:
-    """Whether a framework's ``monkey_patch_torch_dist`` already patched this process."""
+    """Whether a framework's ``monkey_patch_torch_dist`` already patched this process (an
+    ``old_new_group`` adoption set says nothing of the kind)."""
     import torch.distributed as dist
 
-    if getattr(dist, "old_new_group", None) is not None:
+    declared = getattr(dist, factories.SLIME_DECLARATION, None)
+    if declared is not None and not getattr(declared, factories.ADOPTED_DECLARATION, False):
         return True
     recorded = vars(module).get("old_new_group_dict")
     return isinstance(recorded, dict) and os.getpid() in recorded
@@ -213,13 +235,25 @@ def _adopt(module: Any, elsewhere: bool) -> Adoption:
         if callable(current):
             replaced[name] = (current, ours[name])
             setattr(module, name, ours[name])
-    adoption = Adoption(module.__name__, adopted=tuple(replaced))
+    adoption = Adoption(module.__name__, adopted=tuple(replaced), kept_jobs=_keep_jobs(module))
     if elsewhere:
         adoption.rebound = _rebind_elsewhere(module, replaced)
     return adoption
 
 
+def _put(module: Any) -> dict[str, Any]:
+    """What adoption (or the guard) put in the module: executed again, it holds other objects."""
+    return {name: vars(module).get(name) for name in _env.ADOPTED_NAMES}
+
+
+def _still_in_force(module: Any, put: dict[str, Any]) -> bool:
+    """Whether ``module`` still holds what was put there (an ``importlib.reload`` executes it
+    again in the same module object, binding its own functions afresh)."""
+    return all(vars(module).get(name) is value for name, value in put.items())
+
+
 def _keep(module: Any, why: str, elsewhere: bool) -> Adoption:
+    factories.REWRITES.pop(module.__name__, None)  # its own new_group rewrites, if it runs
     adoption = Adoption(module.__name__, kept=why)
     original = vars(module).get("monkey_patch_torch_dist")
     if callable(original) and not getattr(original, GUARDED, False):
@@ -250,7 +284,10 @@ def handle(module: Any, *, elsewhere: bool = False) -> Adoption | None:
     name = module.__name__
     seen = _SEEN.get(name)
     if seen is not None and seen[0] is module:
-        return seen[1]
+        if _still_in_force(module, seen[2]):
+            return seen[1]
+        elsewhere = True  # executed again: what other modules bound of it goes too
+        logger.info("%s was executed again: handing it to the adoption again", name)
     if patchset.current() is None:
         return None
     on, problem = setting()
@@ -269,7 +306,7 @@ def handle(module: Any, *, elsewhere: bool = False) -> Adoption | None:
         adoption = _keep(module, why, elsewhere)
     else:
         adoption = _adopt(module, elsewhere)
-    _SEEN[name] = (module, adoption)
+    _SEEN[name] = (module, adoption, _put(module))
     if adoption.kept is None:
         logger.info(
             "adopted %s: %s now call reloadpg_autopatch's lifecycle",
@@ -370,6 +407,6 @@ def status() -> dict[str, Any]:
         "modules": list(modules()),
         "seen": [
             {**asdict(adoption), "adopted": list(adoption.adopted)}
-            for _, adoption in _SEEN.values()
+            for _, adoption, _ in _SEEN.values()
         ],
     }

@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
 from ..groups.ways.wrapper import ReloadableProcessGroup
 from . import install, patchset
 from .wrapgen import mark
@@ -34,10 +36,15 @@ def _lifecycle() -> Any:
 
 logger = logging.getLogger("reloadpg_autopatch")
 
+_Native = dist.ProcessGroup
+
 #: Set to True on an outer ``new_group`` to declare that it wraps the groups we hand it.
 OUTER_WRAPS = "__reloadpg_outer_wraps__"
 #: What slime's patch sets on the namespace: the ``new_group`` it wraps.
 SLIME_DECLARATION = "old_new_group"
+#: Set on the ``old_new_group`` that adoption puts in the namespace for the framework to read
+#: (the framework's patch never ran): it declares no outer layer.
+ADOPTED_DECLARATION = "__reloadpg_adopted__"
 
 
 def _label(func: Any) -> str:
@@ -49,7 +56,8 @@ def outer_wraps(outer: Any, namespace: Any) -> str | None:
     """Why ``outer`` (the namespace's ``new_group``, not ours) owns wrapping, or None."""
     if getattr(outer, OUTER_WRAPS, False) is True:
         return f"it sets {OUTER_WRAPS}"
-    if getattr(namespace, SLIME_DECLARATION, None) is not None:
+    declared = getattr(namespace, SLIME_DECLARATION, None)
+    if declared is not None and not getattr(declared, ADOPTED_DECLARATION, False):
         return f"torch.distributed.{SLIME_DECLARATION} is set, as slime's patch sets it"
     return None
 
@@ -63,6 +71,23 @@ def _complete(reason: str) -> None:
 
 #: Outer ``new_group`` layers we stepped back for (warned once each in a process).
 _WARNED: set[str] = set()
+
+#: What an adopted framework's own ``new_group`` did to its arguments before creating a group
+#: (slime's backend rewrite), by the framework module that asked: ``(args, kwargs) -> (args,
+#: kwargs)``, applied by the namespace's ``new_group`` as the framework's patch applied it.
+REWRITES: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {}
+
+
+def _rewritten(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    for rewrite in list(REWRITES.values()):
+        args, kwargs = rewrite(args, kwargs)
+    return args, kwargs
+
+
+def _note_native(group: Any) -> None:
+    from ..groups.world import carry
+
+    carry.note_native(group)
 
 
 def _step_back(outer: Any, reason: str) -> None:
@@ -91,6 +116,8 @@ def make_new_group(
 
     def new_group(*args: Any, **kwargs: Any) -> Any:
         if outermost_check:
+            if REWRITES:
+                args, kwargs = _rewritten(args, kwargs)
             outer = namespace.new_group
             if outer is not new_group:
                 reason = outer_wraps(outer, namespace)
@@ -102,6 +129,8 @@ def make_new_group(
         group = _lifecycle().create(original, args, kwargs)
         if type(group) is ReloadableProcessGroup:
             _complete("a group reloads behind a wrapper")
+        elif type(group) is _Native:
+            _note_native(group)  # unless a record holds it, a cycle leaves it alone
         return group
 
     return mark(new_group, original)

@@ -46,6 +46,8 @@ class Report:
     cycle: dict[str, Any] = field(default_factory=dict)
     #: Which lifecycle the frameworks' calls reach: each lifecycle module, adopted or its own.
     adoption: dict[str, Any] = field(default_factory=dict)
+    #: The groups torch knows that no cycle frees or brings back, and why (a live process).
+    left_alone: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -552,6 +554,41 @@ def _check_adoption(report: Report) -> None:
             )
 
 
+def _check_left_alone(report: Report) -> None:
+    """In a live process: the groups torch knows that this package did not make reloadable,
+    which every cycle, WORLD's swap included, leaves as they are (and a problem where this torch
+    would reach one through the swap anyway)."""
+    if not report.torch.get("patched") or "torch.distributed" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    from ..groups import participants
+    from ..groups.world import carry
+
+    groups = carry.left_alone()
+    report.left_alone = [{"name": carry.name(g), **carry.describe(g)} for g in groups]
+    registered = participants.registration()
+    if registered is not None and registered.swap:
+        report.problems.extend(
+            f"the next destroy_process_groups() will refuse: {line}"
+            for line in carry.obstacles(groups)
+        )
+
+
+def _render_left_alone(report: Report) -> list[str]:
+    lines = []
+    for entry in report.left_alone:
+        ranks = f"ranks {entry['ranks']}, " if entry["ranks"] is not None else ""
+        memory = f"; its backend holds {entry['memory']}" if entry["memory"] else ""
+        lines.append(
+            f"  left alone   {entry['name']!r} ({ranks}{entry['backend']}): {entry['why']}; no "
+            f"cycle frees, suspends or shuts it down{memory}"
+        )
+    return lines
+
+
 def _lifecycle_callers(frameworks: set[str]) -> dict[str, dict[str, str]]:
     """Modules that hold a lifecycle name, and whose function each one is (ours or a
     framework's): the names an actor bound at import decide where its calls go."""
@@ -605,9 +642,11 @@ def _render_adoption(report: Report) -> list[str]:
         lines.append("                 no framework lifecycle module is imported in this process")
     for entry in info["seen"]:
         if entry["kept"] is None:
+            jobs = entry.get("kept_jobs")
+            kept = f"; kept of its patch: {'; '.join(jobs)}" if jobs else ""
             lines.append(
                 f"                 {entry['module']}: adopted ({', '.join(entry['adopted'])} "
-                "call reloadpg_autopatch's lifecycle)"
+                f"call reloadpg_autopatch's lifecycle){kept}"
             )
         else:
             guarded = "; its destroyed groups are refused" if entry.get("guarded") else ""
@@ -647,6 +686,7 @@ def diagnose(imports: list[str] | None = None) -> Report:
     _check_gate(report)
     _check_torch(report, list(imports or []))
     _check_adoption(report)
+    _check_left_alone(report)
     return report
 
 
@@ -788,6 +828,7 @@ def render(report: Report) -> str:
                 textwrap.fill(text, 96, initial_indent=" " * 17, subsequent_indent=" " * 19)
             )
     lines.extend(_render_adoption(report))
+    lines.extend(_render_left_alone(report))
     for note in report.notes:
         lines.append(f"  note         {note}")
     for problem in report.problems:

@@ -135,7 +135,11 @@ def _doctor() -> dict[str, Any]:
     lines = doctor.render(report).splitlines()
     return {
         "adoption": report.adoption,
-        "lines": [line for line in lines if "adopt" in line or "lifecycle" in line],
+        "lines": [
+            line
+            for line in lines
+            if "adopt" in line or "lifecycle" in line or line.startswith("  left alone")
+        ],
         "problems": report.problems,
     }
 
@@ -174,7 +178,8 @@ def _slime_default(ctx: Rank) -> dict[str, Any]:
         gloo_same=distributed_utils.get_gloo_group() is gloo,
         their_calls=list(rpg.calls),
         their_groups=len(rpg.ReloadableProcessGroup.GROUPS.get(os.getpid(), [])),
-        old_new_group=hasattr(dist, "old_new_group"),
+        their_patch_ran=bool(rpg.old_new_group_dict),
+        old_new_group=callable(getattr(dist, "old_new_group", None)),
         new_group_ours=getattr(dist.new_group, "__reloadpg_autopatch__", False),
         actor_names={
             "destroy": actor_module.destroy_process_groups is pkg.destroy_process_groups,
@@ -202,14 +207,17 @@ def _slime_default(ctx: Rank) -> dict[str, Any]:
 
 def test_slime_default_mode_runs_the_packages_lifecycle() -> None:
     """An unmodified slime actor, gate only: its calls reach the package's lifecycle (the
-    cycle report counts every destroy; the framework's functions never ran, its class holds
-    no group, torch's ``new_group`` stays the package's), both pairs of each step work, and
-    WORLD (on an accelerator-like backend, swapped on every destroy) stays one object."""
+    cycle report counts every destroy; the framework's functions never ran, its patch never
+    recorded a ``new_group``, its class holds no group, torch's ``new_group`` stays the
+    package's, and ``torch.distributed.old_new_group``, which slime's Gloo group reads, is set
+    as slime's patch sets it), both pairs of each step work, and WORLD (on an
+    accelerator-like backend, swapped on every destroy) stays one object."""
     for rank, out in enumerate(_run(_slime_default)):
         assert out["steps"] == [STEP_RESULTS[rank]] * STEPS, rank
         assert out["their_calls"] == [], out["their_calls"]
         assert out["their_groups"] == 0
-        assert out["old_new_group"] is False
+        assert out["their_patch_ran"] is False
+        assert out["old_new_group"] is True
         assert out["new_group_ours"] is True
         assert out["actor_names"] == dict.fromkeys(out["actor_names"], True), out["actor_names"]
         if rank < 2:  # rank 2 holds torch's NON_GROUP_MEMBER for it
@@ -230,10 +238,10 @@ def test_reloadable_groups_leaves_out_a_registered_world_awake_and_asleep() -> N
 
 def test_slime_gloo_group_survives_world_swaps() -> None:
     """slime makes its Gloo group before registering WORLD and uses it after each reload;
-    the package's WORLD swap tears down every group torch knows (torch forgets it: an object
-    collective, which looks it up, fails), so the group is remade reloadable at registration:
-    one object, usable after every reload (each ``update_weights`` broadcasts rank 0's plan
-    over it and checks what arrived)."""
+    torch's destroy of WORLD, which each swap does, would end it (torch would forget it: an
+    object collective, which looks it up, would fail), so the swap leaves it alone, as every
+    group the package did not make reloadable: one object, usable after every reload (each
+    ``update_weights`` broadcasts rank 0's plan over it and checks what arrived)."""
     for rank, out in enumerate(_run(_slime_default)):
         assert out["gloo_same"] is True
         assert out["steps"] == [STEP_RESULTS[rank]] * STEPS
@@ -263,8 +271,15 @@ def test_doctor_names_the_adopted_module_and_names() -> None:
         "destroy_process_groups",
         "reload_process_groups",
     }
-    assert seen["gloo_group_kept"] is True
+    assert seen["kept_jobs"] == [
+        "new_group's backend 'nccl' rewritten by slime.utils.accelerator.process_group_backend"
+        " (now 'nccl')",
+        "torch.distributed.old_new_group",
+    ], seen
     text = "\n".join(doctor["lines"])
+    # slime's Gloo group, made before WORLD's registration, is left as it is by every swap
+    (gloo,) = [line for line in doctor["lines"] if line.startswith("  left alone")]
+    assert "(ranks [0, 1, 2], gloo): left torch's own by new_group (the wrap policy)" in gloo
     assert "slime.utils.reloadable_process_group: adopted" in text, text
     (actor,) = [line for line in doctor["lines"] if "slime.backends.megatron_utils.actor:" in line]
     assert actor.startswith("  lifecycle")
@@ -625,10 +640,8 @@ def _explicit(ctx: Rank) -> dict[str, Any]:
         for name in ("destroy_process_groups", "reload_process_groups")
     ]
     actor.monkey_patch_torch_dist()  # the adopted one: slime's patch never runs
-    import torch.distributed as dist
-
     out["their_calls"] = list(rpg.calls)
-    out["old_new_group"] = hasattr(dist, "old_new_group")
+    out["their_patch_ran"] = bool(rpg.old_new_group_dict)
     return out
 
 
@@ -642,7 +655,7 @@ def test_a_module_imported_before_an_explicit_patch_is_adopted_with_its_bindings
         "module": [True, True],
         "actor": [True, True],
         "their_calls": [],
-        "old_new_group": False,
+        "their_patch_ran": False,
     }
 
 

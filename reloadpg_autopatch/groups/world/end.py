@@ -36,6 +36,7 @@ def _forget(holder: process.ProcessState) -> None:
     registered = holder.world.registration
     holder.world.registration = None
     holder.world.facts = process.TorchDefault()
+    holder.world.left_native = set()
     if registered is not None and registered.stand_in is not None:
         stand_in = registered.stand_in
         if c10d._world.default_pg is stand_in:  # torch's destroy clears it; this is not

@@ -23,7 +23,7 @@ from .. import backends, mode, names, participants, process, registry
 from ..backends import component_names, device_backends, holds_accelerator_memory
 from ..record import State
 from ..ways.wrapper import ReloadableProcessGroup
-from . import swap, ways
+from . import carry, swap, ways
 from .end import check_world
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -182,6 +182,16 @@ def register_default_process_group(
     default_group = c10d._get_default_group()
     named = chosen is not None and bool(set(component_names(backend)) & set(chosen))
     way = ways.choose(default_group, backend, named, chosen)
+    if way is ways.SWAP:
+        # Said here, refused at the first destroy: that is the first round every rank meets
+        # in, and such a group may exist on some ranks only (a refusal here would leave the
+        # others waiting in their next creation).
+        for line in carry.obstacles(carry.left_alone()):
+            logger.warning(
+                "register_default_process_group(): WORLD is swapped on destroy, but %s; the "
+                "first destroy_process_groups() will refuse on every rank",
+                line,
+            )
     if way is not None and way.torch_object:
         mode.copy_as_handle()
     world = Registration(

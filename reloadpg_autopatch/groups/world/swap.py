@@ -28,6 +28,7 @@ from ...errors import ReloadPGError, WorldLostError
 from .. import aliases, backends, faults, frees, names, participants, process, registry
 from ..stepping import lose_world
 from ..ways.wrapper import ReloadableProcessGroup
+from . import carry
 from .end import end_world
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -98,10 +99,13 @@ def process_globals_kept() -> Iterator[None]:
 
 
 def _init_world(world: Any, backend: str, step: str) -> None:
-    """Destroy the WORLD there is, start ``backend``'s; a failure leaves none, and says so."""
+    """Destroy the WORLD there is, start ``backend``'s; a failure leaves none, and says so.
+
+    torch's destroy of WORLD ends every group it knows: the groups this package did not make
+    reloadable are kept out of its reach and put back as they were (``carry``)."""
     holder = process.current()
     temporary = backend == world.temporary_backend and not world.swapped
-    with names.preserved_group_count(), process_globals_kept():
+    with names.preserved_group_count(), process_globals_kept(), carry.carried():
         try:
             frees.destroy_every_group("WORLD", world.world_size)
         except ReloadPGError as error:

@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 from torch.distributed import distributed_c10d as c10d
 
 from ..._env import MODE_ENV
-from ...errors import ModeRefusedError
+from ...errors import ModeRefusedError, ReloadPGError
 from .. import frees, guard, mode, participants
-from ..agreement import ReloadAnswers
+from ..agreement import DestroyAnswers, ReloadAnswers
 from ..backends import holds_accelerator_memory
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
 from ..record import Record, State
@@ -27,7 +27,7 @@ from ..ways.base import Way
 from ..ways.inplace import InPlace, in_place_refusal, rebuild, release
 from ..ways.suspend import Suspend, SuspendWrapped, capability, suspend_refusal
 from ..ways.suspend import torch_has_pre_hooks as _hooks
-from . import swap
+from . import carry, swap
 
 
 class _World:
@@ -68,6 +68,31 @@ class WorldSwap(_World, Way):
     """WORLD behind its stand-in, swapped for a temporary CPU WORLD while asleep."""
 
     name: ClassVar[str] = "WORLD swapped for a temporary WORLD"
+
+    @staticmethod
+    def answer_destroy_for_rank(answers: DestroyAnswers) -> None:
+        """The groups left alone that this torch would reach through the swap anyway."""
+        if _swaps_next():
+            answers.untouchable.extend(carry.obstacles(carry.left_alone()))
+
+    @staticmethod
+    def after_destroy_agreement(run: DestroyRun) -> None:
+        """Refused alike on every rank, before anything sleeps, where some rank's group left
+        alone would not come through the swap as it was; else those groups are reported."""
+        agreed = run.agreed
+        if agreed is not None and agreed.untouchable:
+            raise ReloadPGError(
+                f"destroy_process_groups() ({participants.where('destroy')}): WORLD is swapped "
+                "for a temporary WORLD on destroy, which torch does by destroying WORLD, and "
+                "that would end groups this package did not make: "
+                f"{'; '.join(sorted(agreed.untouchable))}. Nothing was destroyed on any rank. "
+                "Destroy those groups first (torch.distributed.destroy_process_group(group)), "
+                "or register WORLD in a mode that keeps it (suspend, native)"
+            )
+        if participants.registration() is not None:
+            left = carry.left_alone()
+            if left:
+                run.part.left_alone = carry.report(left)
 
     def sleep_step(self, facts: DestroyFacts) -> DestroyStep:
         return DestroyStep.FREE_WRAPPED
@@ -132,6 +157,17 @@ class WorldSuspendWrapped(_World, SuspendWrapped):
 
     def free_step(self) -> DestroyStep:
         return DestroyStep.KEEP_RESIDENT  # nor freed behind its stand-in
+
+
+def _swaps_next() -> bool:
+    """Whether this destroy swaps WORLD (registered to be swapped, and not swapped yet)."""
+    world = participants.registration()
+    return (
+        world is not None
+        and world.record is not None
+        and world.record.way is SWAP
+        and (not world.swapped)
+    )
 
 
 SWAP = register(WorldSwap())

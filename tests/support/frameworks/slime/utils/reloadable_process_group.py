@@ -6,11 +6,18 @@ becomes None on destroy, and the unwrapping of that class by its patched ``torch
 functions **with no None check**, which is slime's own behaviour and the misroute of issue 29
 (after a destroy, torch receives ``group=None`` and runs on the default group).
 
-Left out, because the tests run on CPU: the accelerator mapping of backend names, the memory
-check around each collective, and the WORLD path of ``destroy_process_groups()``, which slime
-takes only for an accelerator WORLD (``nccl``, ``mccl``); with a gloo WORLD slime takes the
-per-group path modelled here. The ``.calls`` list records each lifecycle call that reached this
-module's own functions, for the tests (slime has no such list).
+As slime at v0.3.1 and after: its patched ``new_group`` first rewrites backend ``"nccl"`` to
+the accelerator's (``slime.utils.accelerator.process_group_backend``, PR #2216: ``mccl`` on
+MUSA), and once WORLD is registered it wraps every group, gloo and single-rank ones included;
+``destroy_process_groups()`` of an accelerator WORLD (``nccl``, ``mccl``) destroys WORLD once
+(PR #2252: torch then shuts down every group it knows), drops its wrappers' groups, and starts a
+temporary gloo WORLD that also serves as the Gloo group; ``reload_process_groups()`` restores
+the accelerator WORLD and a new Gloo group (PR #2208), then re-creates every wrapper's group.
+With a gloo WORLD it takes the per-group path.
+
+Left out, because the tests run on CPU: the memory check around each collective. The
+``.calls`` list records each lifecycle call that reached this module's own functions, for the
+tests (slime has no such list).
 """
 
 import logging
@@ -21,8 +28,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from slime.utils import accelerator
 from slime.utils.distributed_utils import get_gloo_group, init_gloo_group, set_gloo_group
-from torch.distributed.distributed_c10d import _get_default_store
+from torch.distributed.distributed_c10d import _get_default_group, _get_default_store
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +86,7 @@ class _DefaultProcessGroupState:
 
 
 def _uses_accelerator_backend(backend: str) -> bool:
-    return any(name in str(backend).lower() for name in ("nccl", "mccl"))
+    return accelerator.is_accelerator_backend(backend)
 
 
 def register_default_process_group(timeout: timedelta) -> None:
@@ -119,9 +127,16 @@ def monkey_patch_torch_dist() -> None:
     dist.old_new_group = old_new_group
 
     def new_group(*args: Any, **kwargs: Any) -> Any:
+        explicit = args[2] if len(args) > 2 else kwargs.get("backend")
+        backend = str(explicit) if explicit is not None else str(dist.get_backend())
+        if backend == "nccl" and accelerator.process_group_backend(backend) != backend:
+            backend = accelerator.process_group_backend(backend)
+            if len(args) > 2:
+                args = (*args[:2], backend, *args[3:])
+            else:
+                kwargs = {**kwargs, "backend": backend}
         group = old_new_group(*args, **kwargs)
         ranks = args[0] if args else kwargs.get("ranks")
-        backend = args[2] if len(args) > 2 else kwargs.get("backend")
         size = dist.get_world_size() if ranks is None else len(ranks)
         registered = os.getpid() in default_process_group_states
         if not registered and (str(backend).lower() == "gloo" or size == 1):
@@ -133,7 +148,7 @@ def monkey_patch_torch_dist() -> None:
             ranks,
             creation_args=args,
             creation_kwargs=kwargs,
-            backend=str(backend or dist.get_backend()),
+            backend=backend,
         )
 
     dist.new_group = new_group
@@ -228,18 +243,49 @@ class ReloadableProcessGroup(torch.distributed.ProcessGroup):
                 group.group = create(*info["args"], **info["kwargs"])
 
 
+def _new_world(state: _DefaultProcessGroupState, backend: str) -> None:
+    state.generation += 1
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore(f"reloadable-world-{state.generation}-{backend}", state.store),
+        rank=state.rank,
+        world_size=state.world_size,
+        timeout=state.timeout,
+    )
+
+
 def destroy_process_groups() -> None:
-    """Free every wrapper's native group (slime's per-group path: a CPU WORLD)."""
+    """An accelerator WORLD: destroyed once, a temporary gloo WORLD in its place (which also
+    serves as the Gloo group); else every wrapper's native group freed one by one."""
     calls.append("destroy_process_groups")
     state = default_process_group_states.get(os.getpid())
-    if state is not None and _uses_accelerator_backend(state.backend):
-        raise NotImplementedError("slime's accelerator WORLD path is not modelled on CPU")
-    ReloadableProcessGroup.destroy_process_groups()
+    if state is None or state.accelerator_world_destroyed:
+        ReloadableProcessGroup.destroy_process_groups()
+        return
+    if not _uses_accelerator_backend(state.backend):
+        ReloadableProcessGroup.destroy_process_groups()
+        return
+    dist.barrier(group=get_gloo_group())
+    dist.destroy_process_group()  # torch shuts down every group it knows
+    ReloadableProcessGroup.invalidate_process_groups()
+    set_gloo_group(None)
+    _new_world(state, "gloo")
+    set_gloo_group(_get_default_group())
+    state.accelerator_world_destroyed = True
 
 
 def reload_process_groups() -> None:
-    """Re-create every destroyed wrapper's native group; live ones are left alone."""
+    """The accelerator WORLD restored (and a new Gloo group), then every destroyed wrapper's
+    native group re-created; live ones are left alone."""
     calls.append("reload_process_groups")
+    state = default_process_group_states.get(os.getpid())
+    if state is not None and state.accelerator_world_destroyed:
+        dist.barrier()
+        dist.destroy_process_group()
+        set_gloo_group(None)
+        _new_world(state, state.backend)
+        init_gloo_group()
+        state.accelerator_world_destroyed = False
     ReloadableProcessGroup.reload_process_groups()
 
 

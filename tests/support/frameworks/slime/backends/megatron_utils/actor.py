@@ -2,7 +2,8 @@
 
 Written for this project from the notes on slime's public source: the one import statement
 that binds the four lifecycle names at import, and the order ``init`` calls them in
-(``monkey_patch_torch_dist()``; WORLD joined as Ray's train actor joins it, through ``env://``;
+(``monkey_patch_torch_dist()``; WORLD joined as Ray's train actor joins it, through ``env://``,
+on the accelerator's backend (``slime.utils.accelerator.process_group_backend``);
 the canonical Gloo group; ``register_default_process_group(timeout=...)`` unless
 ``SLIME_DESTROY_WORLD_PROCESS_GROUP`` is ``0``, ``false`` or ``no``; Megatron's groups; a first
 ``sleep()``), and the two destroy/reload pairs of each training step (``train`` wakes and sleeps,
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from slime.utils import accelerator
 from slime.utils.distributed_utils import get_gloo_group, init_gloo_group
 from slime.utils.reloadable_process_group import (
     destroy_process_groups,
@@ -32,7 +34,7 @@ class MegatronTrainRayActor:
         monkey_patch_torch_dist()
         # slime/ray/train_actor.py: WORLD from the environment Ray set, then the Gloo group.
         dist.init_process_group(
-            backend=args.distributed_backend,
+            backend=accelerator.process_group_backend(args.distributed_backend),
             timeout=timedelta(minutes=args.distributed_timeout_minutes),
         )
         init_gloo_group()
