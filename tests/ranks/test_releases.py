@@ -64,8 +64,15 @@ def _spy_on_finalize(ctx: Rank) -> dict[str, Any]:
         "dp": ps.get_data_parallel_group,
     }
     before = {name: get() for name, get in getters.items()}
-    per_cycle, sums = [], []
-    for _ in range(CYCLES):
+    per_cycle, sums, replaced = [], [], []
+    for cycle in range(CYCLES):
+        if cycle == CYCLES - 1:  # replaced again: each destroy looks it up anew
+
+            def replacement() -> None:
+                nccl_ep_finalize()
+                replaced.append(len(calls))
+
+            fused_a2a.nccl_ep_finalize = replacement
         rpg.destroy_process_groups()
         per_cycle.append(len(calls))
         rpg.reload_process_groups()
@@ -74,6 +81,7 @@ def _spy_on_finalize(ctx: Rank) -> dict[str, Any]:
         sums.append(t.item())
     report = rpg.last_cycle_report().destroy.releases
     return {
+        "replaced": replaced,
         "real": real is not None,
         "per_cycle": per_cycle,
         "calls": calls,
@@ -97,6 +105,7 @@ def test_megatrons_nccl_ep_finalize_runs_once_per_destroy_before_any_free() -> N
         assert out["sums"] == [2.0] * CYCLES, (rank, out)
         name = "megatron.core.transformer.moe.fused_a2a.nccl_ep_finalize"
         assert out["report"] == [(name, "RELEASE_COMMUNICATION", None)], (rank, out["report"])
+        assert out["replaced"] == [CYCLES], (rank, out["replaced"])  # looked up at the destroy
         if version("megatron-core") >= "0.19":
             assert out["real"], "megatron-core 0.19.2 has fused_a2a.nccl_ep_finalize"
 
