@@ -43,16 +43,6 @@ from .world.end import check_world
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-#: Which method of the record's way carries out each step.
-EXECUTE: dict[DestroyStep, str] = {
-    DestroyStep.NOTHING: "nothing",
-    DestroyStep.RELEASE_ABANDONED: "release_abandoned",
-    DestroyStep.FREE_WRAPPED: "free",
-    DestroyStep.FREE_IN_PLACE: "free",
-    DestroyStep.SUSPEND: "suspend",
-    DestroyStep.GUARD: "guard",
-    DestroyStep.KEEP_RESIDENT: "keep",
-}
 #: The steps that leave a group asleep in place: first, in creation order, and only in the
 #: destroy that begins a cycle (a group made while asleep waits for the next one, which asks
 #: every rank first). The others free a communicator, in reverse creation order.
@@ -112,8 +102,23 @@ def _refuse_failed_releases(agreed: DestroyAnswers) -> None:
 
 
 def _carry_out(record: Record, step: DestroyStep, run: DestroyRun) -> None:
-    with run.part.phase(record.way.phase(step)):
-        getattr(record.way, EXECUTE[step])(record, run)
+    """Have the record's way carry out ``step`` (``ways.base.steps.DESTROY`` lists which
+    method carries out which step; ``ways.register`` checked the way has each)."""
+    way = record.way
+    with run.part.phase(way.phase(step)):
+        match step:
+            case DestroyStep.NOTHING:
+                way.nothing(record, run)
+            case DestroyStep.RELEASE_ABANDONED:
+                way.release_abandoned(record, run)
+            case DestroyStep.FREE_WRAPPED | DestroyStep.FREE_IN_PLACE:
+                way.free(record, run)
+            case DestroyStep.SUSPEND:
+                way.suspend(record, run)
+            case DestroyStep.GUARD:
+                way.guard(record, run)
+            case DestroyStep.KEEP_RESIDENT:
+                way.keep(record, run)
 
 
 def _free_order(records: list[Record]) -> list[Record]:

@@ -41,21 +41,6 @@ logger = logging.getLogger("reloadpg_autopatch")
 
 _Native = dist.ProcessGroup
 
-#: Which method of the record's way carries out each step.
-EXECUTE: dict[ReloadStep, str] = {
-    ReloadStep.NOTHING: "nothing",
-    ReloadStep.FORGET: "forget",
-    ReloadStep.RECREATE: "recreate",
-    ReloadStep.RECREATE_AFTER_RESTORE: "recreate_after_restore",
-    ReloadStep.REBUILD_IN_PLACE: "rebuild",
-    ReloadStep.TAKE_PART: "take_part",
-    ReloadStep.LEAVE_TO_MEMBERS: "nothing",
-    ReloadStep.REFUSE_RELEASED_BY_A_MEMBER: "refuse_released_by_a_member",
-    ReloadStep.REFUSE_RELEASED_HERE: "refuse_released_here",
-    ReloadStep.REFUSE_TORN_DOWN: "refuse_torn_down",
-    ReloadStep.RESUME: "resume",
-    ReloadStep.RESUME_THEN_RELEASE: "resume",
-}
 #: The steps that create a group through torch (timed per group in the report).
 CREATES = frozenset({ReloadStep.RECREATE, ReloadStep.RECREATE_AFTER_RESTORE, ReloadStep.TAKE_PART})
 TIMED = CREATES | {ReloadStep.REBUILD_IN_PLACE}
@@ -144,6 +129,33 @@ def reload_process_groups() -> None:
         raise hooks.error_for("after_reload", failures)
 
 
+def _carry_out(record: Record, step: ReloadStep, run: ReloadRun) -> None:
+    """Have the record's way carry out ``step`` (``ways.base.steps.RELOAD`` lists which method
+    carries out which step; ``ways.register`` checked the way has each)."""
+    way = record.way
+    match step:
+        case ReloadStep.NOTHING | ReloadStep.LEAVE_TO_MEMBERS:
+            way.nothing(record, run)
+        case ReloadStep.FORGET:
+            way.forget(record, run)
+        case ReloadStep.RECREATE:
+            way.recreate(record, run)
+        case ReloadStep.RECREATE_AFTER_RESTORE:
+            way.recreate_after_restore(record, run)
+        case ReloadStep.REBUILD_IN_PLACE:
+            way.rebuild(record, run)
+        case ReloadStep.TAKE_PART:
+            way.take_part(record, run)
+        case ReloadStep.REFUSE_RELEASED_BY_A_MEMBER:
+            way.refuse_released_by_a_member(record, run)
+        case ReloadStep.REFUSE_RELEASED_HERE:
+            way.refuse_released_here(record, run)
+        case ReloadStep.REFUSE_TORN_DOWN:
+            way.refuse_torn_down(record, run)
+        case ReloadStep.RESUME | ReloadStep.RESUME_THEN_RELEASE:
+            way.resume(record, run)
+
+
 def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
     pools.begin_reload()
     cycle = stepping.reload_report(holder)
@@ -168,9 +180,9 @@ def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
         with run.part.phase(record.way.phase(step)):
             if step in CREATES:
                 with names.keys_under(prefix):
-                    getattr(record.way, EXECUTE[step])(record, run)
+                    _carry_out(record, step, run)
             else:
-                getattr(record.way, EXECUTE[step])(record, run)
+                _carry_out(record, step, run)
         if step in TIMED:
             record.way.timed(run, record, (time.perf_counter() - begun) * 1e3)
     if run.agreed.takes_part:

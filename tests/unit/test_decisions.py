@@ -83,6 +83,8 @@ def expected_reload(f: ReloadFacts) -> ReloadStep:
     if f.state is State.BROKEN:  # half-suspended or half-resumed: nothing may touch it
         return ReloadStep.NOTHING
     if f.state is State.SUSPENDED:  # every member resumes it; then a pending release
+        if f.way not in (Way.SUSPEND, Way.SUSPEND_WRAPPED):
+            return ReloadStep.NOTHING  # a way that never suspends has nothing to resume
         return ReloadStep.RESUME_THEN_RELEASE if f.release_pending else ReloadStep.RESUME
     if f.state in (State.RELEASED, State.NON_MEMBER):
         # Not this rank's to hold. Nobody holds it: forgotten everywhere at once.
@@ -99,7 +101,11 @@ def expected_reload(f: ReloadFacts) -> ReloadStep:
         return ReloadStep.TAKE_PART  # torch creates groups collectively
     if f.state is State.LIVE:  # made while asleep
         if f.world_restored:  # WORLD's restore tore it down with every group
-            return ReloadStep.REFUSE_TORN_DOWN if in_place else ReloadStep.RECREATE_AFTER_RESTORE
+            # Made again behind its wrapper; torch's own object cannot be: refused.
+            torch_object = f.way in (Way.IN_PLACE, Way.SUSPEND)
+            return (
+                ReloadStep.REFUSE_TORN_DOWN if torch_object else ReloadStep.RECREATE_AFTER_RESTORE
+            )
         return ReloadStep.NOTHING
     assert f.state is State.DESTROYED
     if not freed_in_place:
@@ -220,9 +226,36 @@ def test_every_step_moves_a_record_only_as_its_transition_table_allows() -> None
         assert _allowed([facts.state, *via, to]), (facts, step)
 
 
-def test_every_step_has_an_executor() -> None:
-    assert set(destroy.EXECUTE) == set(DestroyStep)
-    assert set(reload.EXECUTE) == set(ReloadStep)
+class _Recorder:
+    """A way whose every step method records its own name (the drivers' dispatch, seen)."""
+
+    def __init__(self) -> None:
+        self.called: list[str] = []
+
+    def phase(self, step: object) -> str:
+        return "test"
+
+    def __getattr__(self, name: str) -> object:
+        return lambda record, run: self.called.append(name)
+
+
+def test_the_drivers_call_each_steps_method_directly() -> None:
+    """``destroy._carry_out`` and ``reload._carry_out`` call, for every step, the method the
+    steps' table names (``ways.base.steps``), and nothing else."""
+    from reloadpg_autopatch.groups.runs import DestroyRun, ReloadRun
+    from reloadpg_autopatch.groups.ways.base import steps
+
+    assert set(steps.DESTROY) == set(DestroyStep)
+    assert set(steps.RELOAD) == set(ReloadStep)
+    for table, carry_out, run in (
+        (steps.DESTROY, destroy._carry_out, DestroyRun()),
+        (steps.RELOAD, reload._carry_out, ReloadRun()),
+    ):
+        for step, method in table.items():
+            way = _Recorder()
+            record = type("R", (), {"way": way})()
+            carry_out(record, step, run)
+            assert way.called == [method.__name__], (step, way.called)
     assert set(DESTROY_MOVES) == set(DestroyStep)
     assert set(RELOAD_MOVES) == set(ReloadStep)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..._env import MODES as _MODE_NAMES
 from .. import mode as modes
-from .base import Way
+from .base import Way, missing_steps
 from .inplace import IN_PLACE, InPlace
 from .suspend import SUSPEND, SUSPEND_WRAPPED, Suspend, SuspendWrapped, torch_has_pre_hooks
 from .wrapper import WRAPPER, Wrapper
@@ -39,6 +39,7 @@ __all__ = [
     "choose",
     "explain",
     "lifecycle_only",
+    "missing_steps",
     "register",
     "registered",
 ]
@@ -62,7 +63,7 @@ MODES: dict[str, tuple[Callable[[], Way], ...]] = {
 }
 assert set(MODES) == set(_MODE_NAMES)
 
-_REGISTERED: list[Way] = [WRAPPER, IN_PLACE, SUSPEND, SUSPEND_WRAPPED]
+_REGISTERED: list[Way] = []
 
 
 class _Ways(type):
@@ -83,13 +84,28 @@ class Builtin(metaclass=_Ways):
 
 
 def register(way: Way, *, mode: str | None = None) -> Way:
-    """Make ``way`` known; with ``mode``, a reload mode of that name that chooses it alone."""
+    """Make ``way`` known; with ``mode``, a reload mode of that name that chooses it alone.
+
+    Refused (``TypeError``) when its decisions can give a step it has no method for: that step
+    would otherwise fail half-way through a cycle, after the ranks agreed on it.
+    """
+    missing = missing_steps(way)
+    if missing:
+        raise TypeError(
+            f"way {way.name!r} ({type(way).__name__}) can give steps it has no method to carry "
+            f"out: {', '.join(missing)}; define them on {type(way).__name__} "
+            "(ways.base.steps lists the method of each step)"
+        )
     if way not in _REGISTERED:
         _REGISTERED.append(way)
     if mode is not None:
         MODES[mode] = (_fixed(way),)
         modes.add(mode)
     return way
+
+
+for _builtin in (WRAPPER, IN_PLACE, SUSPEND, SUSPEND_WRAPPED):
+    register(_builtin)
 
 
 def registered() -> list[Way]:

@@ -182,24 +182,5 @@ class InPlace(Way):
         run.rebuilt.append(record.native)
         self.note(run, "rebuilt", record)
 
-    def refuse_released_by_a_member(self, record: Record, run: ReloadRun) -> None:
-        raise ModeRefusedError(
-            f"group {record.name!r} cannot be rebuilt in place: a member released it with "
-            "torch.distributed.destroy_process_group(); release it on every member"
-        )
-
-    def refuse_released_here(self, record: Record, run: ReloadRun) -> None:
-        raise ModeRefusedError(
-            f"group {record.name!r} was released on this rank but a peer still holds it: a "
-            "group reloaded in place (native mode) can only be rebuilt with every member, so "
-            "release it on every member, or use the wrapper mode"
-        )
-
-    def refuse_torn_down(self, record: Record, run: ReloadRun) -> None:
-        raise ModeRefusedError(
-            f"group {record.name!r} reloads in place, but restoring the swapped WORLD tore its "
-            "communicator down; register WORLD in native mode too, or use mode 'auto'"
-        )
-
 
 IN_PLACE = InPlace()

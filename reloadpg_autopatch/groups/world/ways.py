@@ -63,6 +63,9 @@ class _World:
     def answer_reload(self, record: Record, answers: ReloadAnswers) -> None:
         """WORLD is no group a reload creates, takes part in or forgets."""
 
+    def release_abandoned(self, record: Record, run: DestroyRun) -> None:
+        """Never dropped: the registration holds WORLD's stand-in for the life of the world."""
+
 
 class WorldSwap(_World, Way):
     """WORLD behind its stand-in, swapped for a temporary CPU WORLD while asleep."""

@@ -264,12 +264,6 @@ class Suspend(Way):
         hook_off(record.native)
         IN_PLACE.rebuild(record, run)
 
-    def refuse_torn_down(self, record: Record, run: ReloadRun) -> None:
-        IN_PLACE.refuse_torn_down(record, run)
-
-    def refuse_released_by_a_member(self, record: Record, run: ReloadRun) -> None:
-        IN_PLACE.refuse_released_by_a_member(record, run)
-
     def note_freed_instead(self, record: Record, run: DestroyRun) -> None:
         """Name a group freed instead of suspended, and why, in the destroy's report."""
         name = str(record.name)

@@ -1,0 +1,69 @@
+"""``ways.register`` refuses a way whose decisions can give a step it has no method for.
+
+Without the check, such a way would fail half-way through a cycle, after every rank agreed on
+the step: the rank that cannot carry it out raises, its peers wait for it. The oracle is the
+way's own decisions, written here: what each returns is what it must carry out.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+from reloadpg_autopatch.groups import ways
+from reloadpg_autopatch.groups.decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
+
+
+class _FreesButCannot(ways.Way):
+    """Frees a live group at a destroy (and recreates it at a reload), with no ``free``."""
+
+    name: ClassVar[str] = "frees without free"
+
+    def sleep_step(self, facts: DestroyFacts) -> DestroyStep:
+        return DestroyStep.FREE_WRAPPED
+
+    def recreate(self, record, run) -> None:
+        pass
+
+    def release_abandoned(self, record, run) -> None:
+        pass
+
+    def recreate_after_restore(self, record, run) -> None:
+        pass
+
+
+class _Whole(_FreesButCannot):
+    name: ClassVar[str] = "frees, whole"
+
+    def free(self, record, run) -> None:
+        pass
+
+
+class _RebuildsWithoutRebuild(_Whole):
+    name: ClassVar[str] = "rebuilds without rebuild"
+
+    def wake_step(self, facts: ReloadFacts) -> ReloadStep:
+        return ReloadStep.REBUILD_IN_PLACE
+
+
+@pytest.fixture(autouse=True)
+def _registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a test registers is gone after it."""
+    monkeypatch.setattr(ways, "_REGISTERED", list(ways._REGISTERED))
+
+
+def test_a_way_missing_the_method_of_a_step_it_gives_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"free wrapped \(free\)"):
+        ways.register(_FreesButCannot())
+    with pytest.raises(TypeError, match=r"rebuild in place \(rebuild\)"):
+        ways.register(_RebuildsWithoutRebuild())
+    assert not any(type(w) in (_FreesButCannot, _RebuildsWithoutRebuild) for w in ways.registered())
+
+
+def test_a_whole_way_is_registered_and_every_built_in_way_is_whole() -> None:
+    whole = _Whole()
+    assert ways.register(whole) is whole
+    assert whole in ways.registered()
+    for way in ways.registered():
+        assert ways.missing_steps(way) == [], way
