@@ -26,7 +26,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..._originals import original
 from ...errors import ReloadPGError, WorldLostError
-from .. import aliases, backends, faults, names, participants, process, registry
+from .. import aliases, backends, faults, names, participants, process, registry, written
 from ..stepping import lose_world
 from ..ways.wrapper import ReloadableProcessGroup
 from .end import end_world
@@ -104,7 +104,7 @@ def _init_world(world: Any, backend: str, step: str) -> None:
     with names.preserved_group_count(), process_globals_kept():
         original("destroy_process_group")()
         key = holder.key(step, "world", participants.token(), backend)
-        store = dist.PrefixStore(key + "/", world.store)
+        store = written.recording("world", key + "/")  # each rank deletes what it writes
         kwargs: dict[str, Any] = {}
         if backend == world.backend:
             if world.device_id is not None:
