@@ -183,8 +183,7 @@ def test_every_ranks_store_operations_per_cycle_are_flat_from_2_to_8_ranks(setup
     less what the last arriver of each round adds, span the same values at 8 ranks as at 2
     (rank 0 included: no rank pays for the world); no rank lists the store; a last arriver
     adds at most 5 per round it arrived at (it reads the entries, publishes the result and
-    deletes 2 or 3 keys). Up to 20 s a setup on 2 cores: 8 forked gloo
-    ranks, each creating its groups again per cycle, are what a world of 8 costs."""
+    deletes 2 or 3 keys). 3 to 6 s a setup here: 2 and 8 forked ranks, 3 cycles each."""
     env = {
         **GATE,
         "SLIME_RELOADABLE_PG_MODE": MODES.get(setup, setup),
