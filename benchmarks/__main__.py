@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(released)
     native_rows, raw["native"] = reload_cost.native_rows(quick=args.quick)
     rows += native_rows
+    native_destroy, raw["native_destroy"] = reload_cost.native_destroy_rows(quick=args.quick)
+    rows += native_destroy
     suspend_rows, raw["suspend"] = suspend_cost.run(quick=args.quick)
     rows += suspend_rows
     scale_rows, raw["scale"] = scale.run(quick=args.quick)

@@ -60,6 +60,9 @@ def _counting(inner: Any) -> Any:
         def num_keys(self) -> int:
             return inner.num_keys()
 
+        def list_keys(self) -> Any:  # a sweep's listing counts too
+            return self._count(inner.list_keys())
+
         def append(self, key: str, value: Any) -> None:
             self._count(inner.append(key, value))
 
@@ -111,11 +114,20 @@ def main() -> int:
         rpg.destroy_process_groups()
         rpg.reload_process_groups()
         wall = (time.perf_counter() - started) * 1e3
-        nccl = rpg.last_cycle_report().to_dict()["nccl"] or {}
+        report = rpg.last_cycle_report().to_dict()
+        nccl = report["nccl"] or {}
         calls = nccl.get("suspend_ms", 0.0) + nccl.get("resume_ms", 0.0)
+        phases = {
+            f"{step} {name}": ms
+            for step in ("destroy", "reload")
+            for name, ms in ((report.get(step) or {}).get("phases") or {}).items()
+        }
         return {
             "ms": wall,
             "backend_ms": calls,
+            "suspend_ms": nccl.get("suspend_ms", 0.0),
+            "resume_ms": nccl.get("resume_ms", 0.0),
+            "phases": phases,
             "created": suspendable.creations() - created,
             "store_ops": store.ops - ops,
         }

@@ -144,3 +144,74 @@ def native_rows(quick: bool = False) -> tuple[list[Row], dict[str, Any]]:
         ),
     ]
     return rows, raw
+
+
+#: Groups held per rank in the native-mode destroy rows (issue 39: one listing per rebuilt
+#: group made the destroy quadratic in them).
+NATIVE_GROUPS = (10, 100, 400)
+#: The destroy per group at the most groups, against at the fewest: linear is about 1.
+LINEAR_TARGET = 2.0
+
+
+def native_destroy_rows(quick: bool = False) -> tuple[list[Row], dict[str, Any]]:
+    """Native mode (torch 2.14+) on 4 gloo ranks, every rank a member of every group: the
+    destroy's time at 10, 100 and 400 groups (the slowest rank's, per repetition), its sync
+    phase (the agreement and the deletes of what the rebuilds wrote), and the store listings
+    per cycle."""
+    import torch.distributed as dist
+
+    if not hasattr(dist.ProcessGroup, "reconfigure"):
+        return [], {"skipped": "this torch has no ProcessGroup.reconfigure"}
+    reps = 2 if quick else 3
+    raw: dict[str, Any] = {}
+    for groups in NATIVE_GROUPS[:2] if quick else NATIVE_GROUPS:
+        command = [sys.executable, "-m", "benchmarks._native_rank", "--groups", str(groups)]
+        outcomes = launch.launch(
+            [*command, "--reps", str(reps)],
+            4,
+            timeout=900,
+            cwd=str(ROOT),
+            env={**os.environ, "SLIME_RELOADABLE_PG_MODE": "native"},
+        )
+        per_rep: dict[int, dict[str, float]] = {}
+        for outcome in outcomes:
+            for event in outcome.events:
+                if event["type"] == "time":
+                    slot = per_rep.setdefault(event["rep"], {})
+                    for key in ("destroy_ms", "sync_ms", "reload_ms", "listings", "rebuilt"):
+                        slot[key] = max(slot.get(key, 0.0), event[key])
+        raw[str(groups)] = {
+            key: summarize([rep[key] for rep in per_rep.values()]).as_dict()
+            for key in ("destroy_ms", "sync_ms", "reload_ms", "listings", "rebuilt")
+        }
+    rows = []
+    for groups, figures in raw.items():
+        destroy, sync = figures["destroy_ms"], figures["sync_ms"]
+        rows.append(
+            Row(
+                "native mode",
+                f"destroy in place, {groups} groups of 4 gloo ranks (slowest rank; "
+                f"{figures['rebuilt']['median']:.0f} rebuilt per reload)",
+                f"{destroy['median']:.0f} ms [{destroy['p25']:.0f}-{destroy['p75']:.0f}] "
+                f"({destroy['median'] / int(groups):.2f} ms a group), of which the sync phase "
+                f"{sync['median']:.1f} ms; reload {figures['reload_ms']['median']:.0f} ms; "
+                f"store listings per cycle (most of any rank) {figures['listings']['median']:.0f}",
+                "one listing or none per cycle",
+                figures["listings"]["median"] <= 1,
+            )
+        )
+    few, many = raw[str(NATIVE_GROUPS[0])], raw.get(str(NATIVE_GROUPS[-1]))
+    if many is not None:
+        ratio = (many["destroy_ms"]["median"] / NATIVE_GROUPS[-1]) / (
+            few["destroy_ms"]["median"] / NATIVE_GROUPS[0]
+        )
+        rows.append(
+            Row(
+                "native mode",
+                f"destroy per group at {NATIVE_GROUPS[-1]} groups vs at {NATIVE_GROUPS[0]}",
+                f"{ratio:.2f}x",
+                f"linear in the groups: <= {LINEAR_TARGET:.0f}x",
+                ratio <= LINEAR_TARGET,
+            )
+        )
+    return rows, raw

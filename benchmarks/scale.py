@@ -5,8 +5,12 @@ Ranks are simulated as threads, each with its own TCPStore client (as a real ran
 one real server, driving the package's own rendezvous code (``groups.rendezvous``): the destroy
 agreement and the reload agreement, each rank publishing the names of the ~20 groups it holds in a
 Megatron layout. A counting wrapper around each client gives the store operations and bytes.
-For contrast, the all-to-all exchange it replaced (every rank reads every entry) runs at the
-small sizes. Then real spawned gloo ranks time the temporary WORLD's swap, eager against lazy.
+Each simulated reload also writes the keys gloo's rendezvous would (one per group a rank holds,
+past the counter: torch's cost), and each rank deletes its own at the next destroy, as the
+package does (``leftovers.delete``): rank 0's destroy is reported beside the median rank's. The
+deletes run past the clock, which times the rounds. For
+contrast, the all-to-all exchange it replaced (every rank reads every entry) runs at the small
+sizes. Then real spawned gloo ranks time the temporary WORLD's swap, eager against lazy.
 
 ``python -m benchmarks.scale [--quick]`` runs it alone; ``python -m benchmarks`` includes it.
 """
@@ -37,6 +41,9 @@ QUICK_SIZES = (64, 256, 1024)
 BASELINE_SIZES = (64, 256)
 SWAP_SIZES = (2, 4, 8, 16)
 TIME_TARGET_S = 2.0
+#: What the last arriver of a round adds: it reads the entries, publishes the result and deletes
+#: the round's two keys and the previous round's result (``rendezvous._round``).
+LAST_ARRIVER_OPS = 5
 SLOPE_TARGET = 1.1
 
 
@@ -48,6 +55,8 @@ class Counted:
         self.ops = 0
         self.sent = 0
         self.received = 0
+        #: Deletes of the keys this rank's creations wrote (``leftovers.delete``).
+        self.own_deletes = 0
 
     def set(self, key: str, value: bytes | str) -> None:
         self.ops += 1
@@ -170,7 +179,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
     port, world_size, ranks, reps, variant = job
     import torch.distributed as dist
 
-    from reloadpg_autopatch.groups import agreement, rendezvous
+    from reloadpg_autopatch.groups import agreement, leftovers, rendezvous
 
     timeout = datetime.timedelta(seconds=600)
 
@@ -186,6 +195,8 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
         starts.append(time.perf_counter())
 
     ends = [[0.0] * len(ranks) for _ in range(reps)]
+    #: Each rank's last destroy: store operations, bytes, deletes (the package's own work).
+    destroys: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * len(ranks)
     answers: list[set[str]] = [set() for _ in range(reps)]
     errors: list[str] = []
     barrier = threading.Barrier(len(ranks), action=begin)
@@ -194,6 +205,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
         rank, store = ranks[index], clients[index]
         payload, answers_payload = _payload(rank, world_size), _answers(rank, world_size)
         previous = None
+        wrote: list[str] = []  # the creation keys this rank's groups wrote in the cycle before
         try:
             for rep in range(reps):
                 barrier.wait()
@@ -203,6 +215,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                 destroy = f"reloadpg_autopatch/{rep + 1}/0/agreement"
                 reload = f"reloadpg_autopatch/{rep + 1}/1/agreement"
                 if variant == "rendezvous":
+                    before = (store.ops, store.sent + store.received)
                     rendezvous.agree(
                         store,
                         destroy,
@@ -215,6 +228,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                         previous=previous,
                         token=True,
                     )
+                    agreed = (store.ops - before[0], store.sent + store.received - before[1])
                     _token, answer = rendezvous.agree(
                         store,
                         reload,
@@ -233,6 +247,28 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                     answer = b"".join(_all_to_all(store, reload, rank, world_size, payload))
                 ends[rep][index] = time.perf_counter()
                 answers[rep].add(hashlib.sha256(answer).hexdigest())
+                if variant == "rendezvous":
+                    # What this rank's creations of the cycle before wrote, its own to delete
+                    # after the destroy's agreement: counted with its destroy, but past the
+                    # clock (4,096 ranks' deletes, every one a thread's wake-up on 2 cores,
+                    # would time the simulation; a rank's own are 20 round trips).
+                    deleted = (store.ops, store.sent + store.received)
+                    for key in wrote:
+                        leftovers.delete(store, key)
+                    store.own_deletes += len(wrote)
+                    destroys[index] = (
+                        agreed[0] + store.ops - deleted[0],
+                        agreed[1] + store.sent + store.received - deleted[1],
+                        len(wrote),
+                    )
+                    # The reload creates the rank's groups again: gloo publishes one address
+                    # per group and member (torch's cost: past the counter and the clock).
+                    wrote = [
+                        f"{reload}/groups/{name}//cpu//0/{rank}"
+                        for name in megatron_names(rank, world_size)
+                    ]
+                    for key in wrote:
+                        store.inner.set(key, b"127.0.0.1:29500/" + bytes(16))
         except BaseException as error:  # reported by the parent
             errors.append(repr(error))
             barrier.abort()
@@ -249,8 +285,9 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
             "starts": starts,
             "ends": [max(e) for e in ends],
             "answers": [sorted(a) for a in answers],
-            "ops": [c.ops / reps for c in clients],
+            "ops": [(c.ops - c.own_deletes) / reps for c in clients],
             "moved": [(c.sent + c.received) / reps for c in clients],
+            "destroys": {rank: destroys[i] for i, rank in enumerate(ranks)},
         }
     )
 
@@ -295,6 +332,8 @@ def threads_point(world_size: int, reps: int, variant: str) -> dict[str, Any]:
     ops = sorted(o for part in parts for o in part["ops"])
     moved = sorted(m for part in parts for m in part["moved"])
     answers = [{a for part in parts for a in part["answers"][rep]} for rep in range(reps)]
+    destroys = {int(r): d for part in parts for r, d in part["destroys"].items()}
+    others = sorted(d for r, d in destroys.items() if r != 0)
     del server
     return {
         "world_size": world_size,
@@ -306,6 +345,17 @@ def threads_point(world_size: int, reps: int, variant: str) -> dict[str, Any]:
         "ops_per_rank": {"median": ops[len(ops) // 2], "max": ops[-1]},
         "bytes_per_rank": {"median": moved[len(moved) // 2], "max": moved[-1]},
         "ops_total": sum(ops),
+        "rank0_destroy": dict(
+            zip(("ops", "bytes", "deletes"), destroys.get(0, (0, 0, 0)), strict=True)
+        ),
+        "median_destroy": dict(
+            zip(
+                ("ops", "bytes", "deletes"),
+                others[len(others) // 2] if others else (0, 0, 0),
+                strict=True,
+            )
+        ),
+        "groups_per_rank": len(megatron_names(0, world_size)),
         "bytes_total": sum(moved),
         "processes": len(shards),
         "threads_per_process": size,
@@ -409,6 +459,24 @@ def rows_of(raw: dict[str, Any]) -> list[Row]:
                 f"{_mb(point['bytes_total'])}; same answer: {point['same_answer_everywhere']}",
                 target,
                 ok,
+            )
+        )
+    for point in ours:
+        if "rank0_destroy" not in point:
+            continue
+        zero, median = point["rank0_destroy"], point["median_destroy"]
+        groups = point["groups_per_rank"]
+        rows.append(
+            Row(
+                "scale",
+                f"rank 0's destroy, {point['world_size']} thread ranks x {groups} groups: store "
+                "operations (its own deletes), bytes; the median rank's",
+                f"rank 0 {zero['ops']:.0f} ops ({zero['deletes']:.0f} deletes), "
+                f"{_mb(zero['bytes'])}; median rank {median['ops']:.0f} ops "
+                f"({median['deletes']:.0f} deletes), {_mb(median['bytes'])}",
+                f"as any rank's (+ up to {LAST_ARRIVER_OPS} as the round's last arriver), "
+                f"deleting its own {groups} keys",
+                zero["ops"] <= median["ops"] + LAST_ARRIVER_OPS and zero["deletes"] == groups,
             )
         )
     if len(ours) >= 2:

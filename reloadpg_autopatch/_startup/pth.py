@@ -3,7 +3,8 @@
 site.py executes a ``.pth`` line only if it starts with ``import`` and runs the whole line at
 once, so a ``try`` statement cannot be written on it. The line therefore reads the gate itself
 (importing nothing of ours while it is off) and otherwise executes, in a fresh namespace, the
-source of ``guarded_activation`` below followed by a call of it. ``render_pth()`` builds that
+source of ``guarded_activation`` below followed by a call of it (not a second time: a venv
+processes the file twice). ``render_pth()`` builds that
 line from this file, so the guard is linted like any other code; ``tests/unit/test_pth.py`` checks
 that the files at the repository root are exactly what this module renders, and
 ``python -m reloadpg_autopatch._startup.pth [DIR]`` rewrites them.
@@ -21,6 +22,9 @@ from .._env import GATE, OFF_VALUES
 PTH_NAME = "reloadpg_autopatch.pth"
 START_NAME = "reloadpg_autopatch.start"
 ENTRY_POINT = "reloadpg_autopatch._startup.bootstrap:activate_from_site"
+#: Set on ``sys`` once the line has run: a venv processes the file twice (cpython#75723), and
+#: the second time the line stops before compiling the guard (about 0.1 ms).
+RAN = "_reloadpg_autopatch_pth_ran"
 
 
 def guarded_activation() -> None:
@@ -46,8 +50,8 @@ def _guard_source() -> str:
 def render_pth() -> str:
     """The exact content of ``reloadpg_autopatch.pth``: one line."""
     return (
-        f"import os; os.environ.get({GATE!r}, '').strip().lower() in {OFF_VALUES!r} "
-        f"or exec({_guard_source()!r}, {{}})\n"
+        f"import os, sys; os.environ.get({GATE!r}, '').strip().lower() in {OFF_VALUES!r} "
+        f"or getattr(sys, {RAN!r}, False) or exec({_guard_source()!r}, {{}})\n"
     )
 
 

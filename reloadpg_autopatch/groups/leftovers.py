@@ -1,16 +1,15 @@
-"""What torch's creations leave in the store, deleted once no rank can read it any more.
+"""What the store holds that no rank reads any more, deleted: the one-off sweep of a world's
+first destroy, and the deletes of each rank's own creation keys.
 
 torch writes the keys of a group's creation (gloo's addresses, a reconfigure's handles) and
 never deletes them; the rounds delete their own (``rendezvous``). A reload creates groups again
-under keys of its cycle (``reloadpg_autopatch/<cycle>/...``) and rebuilds groups in place under
-a fresh ``reconfigure/<uuid>/`` of theirs, so without a sweep the store would grow by a few keys
-per group per cycle. Every rank has finished the cycle before once it has arrived at the next
-cycle's first round (the destroy's agreement), so after that round:
-
-- WORLD's rank 0 deletes every key of ours that belongs to another cycle (but the next, which
-  a fast rank may have begun): the creations of the cycle before, and what an earlier world on
-  the same store left (a world that crashed);
-- the member of rank 0 of each group rebuilt in place deletes that rebuild's keys (``mark``).
+under keys of its cycle (``reloadpg_autopatch/<cycle>/...``), and each rank deletes the keys its
+own creations wrote (``written``) once every rank has finished that cycle: after the next
+cycle's first round (the destroy's agreement). So no rank lists the store or deletes another
+rank's keys in the cycles of a world, and a cycle that created nothing deletes nothing. Once
+per world, at its first destroy, WORLD's rank 0 deletes every key of ours that belongs to
+another cycle than this one and the next (``sweep``): what an earlier world on the same store
+left (a world that crashed, or the last cycle of one that ended).
 
 Torch-free, as ``rendezvous`` is: a store is anything with ``list_keys`` and ``delete_key``. A
 store that cannot list (a Python ``Store`` that does not implement it) keeps its keys. torch's
@@ -26,11 +25,13 @@ from typing import Any
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-__all__ = ["PREFIX", "Through", "of_other_cycles", "sweep", "sweep_marked"]
+__all__ = ["PREFIX", "Through", "delete", "of_other_cycles", "sweep", "sweep_marked"]
 
 #: Where every key of ours lives (``process.ProcessState.key``).
 PREFIX = "reloadpg_autopatch/"
 _CYCLE = re.compile(r"^reloadpg_autopatch/(\d+)/")
+#: A rebuild's marker in a key (``participants.mark``).
+_MARK = re.compile(r"reconfigure/-?\d+/")
 
 
 class Through:
@@ -83,14 +84,17 @@ def _list(store: Any) -> list[str] | None:
         return None
 
 
+def delete(store: Any, key: str) -> bool:
+    """Delete ``key`` (only tidying: a store that cannot, or is gone, keeps it)."""
+    try:
+        return bool(store.delete_key(key))
+    except Exception as error:
+        logger.debug("could not delete store key %r: %s", key, error)
+        return False
+
+
 def _delete(store: Any, keys: list[str]) -> int:
-    deleted = 0
-    for key in keys:
-        try:
-            deleted += bool(store.delete_key(key))
-        except Exception as error:  # only tidying: never fail the step for it
-            logger.debug("could not delete store key %r: %s", key, error)
-    return deleted
+    return sum(delete(store, key) for key in keys)
 
 
 def sweep(store: Any, cycle: int) -> int:
@@ -100,7 +104,11 @@ def sweep(store: Any, cycle: int) -> int:
     return 0 if keys is None else _delete(store, of_other_cycles(keys, cycle))
 
 
-def sweep_marked(store: Any, marker: str) -> int:
-    """Delete the keys of ``store`` that hold ``marker`` (one rebuild's ``reconfigure/<uuid>/``)."""
+def sweep_marked(store: Any, markers: list[str]) -> int:
+    """Delete the keys of ``store`` that hold one of ``markers`` (rebuilds'
+    ``reconfigure/<uuid>/``), found in one listing whatever their number (a set lookup each)."""
     keys = _list(store)
-    return 0 if keys is None else _delete(store, [k for k in keys if marker in k])
+    if keys is None:
+        return 0
+    wanted = set(markers)
+    return _delete(store, [k for k in keys if (m := _MARK.search(k)) and m[0] in wanted])

@@ -20,7 +20,6 @@ import hashlib
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
-import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 #: torch's type for group names (a ``NewType`` of ``str``).
@@ -99,20 +98,21 @@ def forcing(name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def keys_under(prefix: str) -> Iterator[None]:
-    """Groups created in the block rendezvous under ``prefix`` in the default store."""
+def keys_under(store: Any) -> Iterator[None]:
+    """Groups created in the block rendezvous through ``store`` instead of the default store
+    (a ``written.Recording`` under a prefix of this cycle)."""
     world = c10d._world
     default = world.default_pg
     if default is None:
         raise RuntimeError("no default group: torch.distributed is not initialized")
-    backend, store = world.pg_map[default]
-    prefixed = (backend, dist.PrefixStore(prefix, store))
-    world.pg_map[default] = prefixed
+    backend, held = world.pg_map[default]
+    swapped = (backend, store)
+    world.pg_map[default] = swapped
     try:
         yield
     finally:
-        if world.pg_map.get(default) is prefixed:  # not torn down (a new world) in the block
-            world.pg_map[default] = (backend, store)
+        if world.pg_map.get(default) is swapped:  # not torn down (a new world) in the block
+            world.pg_map[default] = (backend, held)
 
 
 @contextlib.contextmanager

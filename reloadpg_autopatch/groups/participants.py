@@ -113,25 +113,32 @@ def sync(step: str, point: str, *, token: bool = False) -> None:
 def agree(step: str, point: str, payload: bytes, merge: Any) -> bytes:
     """Every rank's ``payload`` merged by the last to arrive; every rank reads the one result.
 
-    It also gives every rank the step's fresh token (``token()``).
+    It also gives every rank the step's fresh token (``token()``). After the destroy's round,
+    the first of a cycle, this rank deletes what its creations wrote before it (``_tidy``).
     """
     holder = process.current()
     key = holder.key(step, point)
-    holder.rounds.token, merged = rendezvous.agree(
-        base_store(),
-        key,
-        global_rank(),
-        world_size(),
-        payload,
-        merge=merge,
-        timeout=world_timeout(),
-        step=f"{step}: {point}",
-        cycle=where(step),
-        previous=_round_done(holder, key),
-        token=True,
-    )
-    if step == "destroy":  # the cycle's first round: every rank has finished the one before
-        _sweep(holder)
+    first = step == "destroy"  # every rank has finished the cycle before once this round ends
+    written, marked = _take(holder) if first else ([], [])
+    try:
+        holder.rounds.token, merged = rendezvous.agree(
+            base_store(),
+            key,
+            global_rank(),
+            world_size(),
+            payload,
+            merge=merge,
+            timeout=world_timeout(),
+            step=f"{step}: {point}",
+            cycle=where(step),
+            previous=_round_done(holder, key),
+            token=True,
+        )
+    except BaseException:
+        holder.rounds.written[:0], holder.rounds.marked[:0] = written, marked  # a later round
+        raise
+    if first:
+        _tidy(holder, written, marked)
     return merged
 
 
@@ -163,18 +170,37 @@ def agreed_outcome() -> Iterator[None]:
         raise
 
 
-def mark(store: Any, marker: str) -> None:
-    """Keys of ``store`` holding ``marker`` that torch wrote in this step and no rank reads
-    after the next cycle's first round: deleted then (``leftovers.sweep_marked``)."""
-    process.current().rounds.marked.append((store, marker))
+def wrote(store: Any, key: str) -> None:
+    """torch wrote ``key`` through ``store`` in a creation of this rank's (``written``): this
+    rank deletes it after the next cycle's first round, when no rank reads it any more."""
+    process.current().rounds.written.append((store, key))
 
 
-def _sweep(holder: process.ProcessState) -> None:
-    """Delete what the cycles before left in the store (``leftovers``)."""
-    marked, holder.rounds.marked = holder.rounds.marked, []
-    for store, marker in marked:
-        leftovers.sweep_marked(store, marker)
-    if global_rank() == 0:
+def mark(marker: str) -> None:
+    """Keys holding ``marker`` that torch wrote in this step where the package cannot note
+    them (a reconfigure of a backend whose keys are not known): this rank deletes them after
+    the next cycle's first round, finding them in one listing of the store for all marks."""
+    process.current().rounds.marked.append(marker)
+
+
+def _take(holder: process.ProcessState) -> tuple[list[tuple[Any, str]], list[str]]:
+    """What this rank wrote (and marked) before it arrives at a cycle's first round."""
+    rounds = holder.rounds
+    written, rounds.written = rounds.written, []
+    marked, rounds.marked = rounds.marked, []
+    return written, marked
+
+
+def _tidy(holder: process.ProcessState, written: list[tuple[Any, str]], marked: list[str]) -> None:
+    """Delete what this rank's creations wrote in the cycles before: every rank has finished
+    them (``leftovers``). Nothing is listed or deleted after a cycle that created nothing,
+    but once per world, at its first destroy, WORLD's rank 0 sweeps the keys of ours that an
+    earlier world on the same store left (one that crashed)."""
+    for store, key in written:
+        leftovers.delete(store, key)
+    if marked:
+        leftovers.sweep_marked(base_store(), marked)
+    if holder.cycle == 1 and global_rank() == 0:
         leftovers.sweep(base_store(), holder.cycle)
 
 
@@ -201,6 +227,7 @@ def tidy() -> None:
     """
     rounds = process.current().rounds
     last, rounds.last = rounds.last, None
+    rounds.written, rounds.marked = [], []  # the world's store may go with it: left there
     if last is None:
         return
     store, key, ranks = last

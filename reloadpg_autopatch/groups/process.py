@@ -142,8 +142,12 @@ class Rounds:
     token: str = ""
     #: The store, result key and world size of the last world-wide store round.
     last: tuple[Any, str, int] | None = None
-    #: ``(store, marker)``: keys torch wrote that the next cycle's first round sweeps.
-    marked: list[tuple[Any, str]] = field(default_factory=list)
+    #: ``(store, key)``: what torch wrote in this rank's creations (``written``), deleted by
+    #: this rank after the next cycle's first round.
+    written: list[tuple[Any, str]] = field(default_factory=list)
+    #: Markers of keys torch wrote that this rank cannot name (``participants.mark``), deleted
+    #: then too, after one listing.
+    marked: list[str] = field(default_factory=list)
     #: WORLD's store and the view of it the rounds use (``participants.base_store``).
     through: tuple[Any, Any] | None = None
 

@@ -30,6 +30,7 @@ from . import (
     registry,
     report,
     stepping,
+    written,
 )
 from .agreement import ReloadAnswers
 from .decisions import ReloadFacts, ReloadStep, reload_step
@@ -174,12 +175,13 @@ def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
     # destroy's figures) to the retry.
     cycle.reload = run.part
     prefix = holder.key("reload", "groups", participants.token()) + "/"
+    creations = written.recording("groups", prefix)
     for record in list(registry.records()):
         step = reload_step(facts(record, agreed, run.restored))
         begun = time.perf_counter()
         with run.part.phase(record.way.phase(step)):
             if step in CREATES:
-                with names.keys_under(prefix):
+                with names.keys_under(creations):
                     _carry_out(record, step, run)
             else:
                 _carry_out(record, step, run)

@@ -62,3 +62,58 @@ def test_through_lists_and_deletes_a_python_stores_keys_under_the_prefix() -> No
     assert custom.check(["0/reloadpg_autopatch/9/0/x", "0/mine"])
     assert not custom.check(["0/reloadpg_autopatch/3/0/x"])
     assert custom.check(["elsewhere/reloadpg_autopatch/3/0/x"])
+
+
+def test_the_marks_of_every_rebuild_are_swept_after_one_listing() -> None:
+    """Native mode's fallback: however many groups were rebuilt, one listing finds the keys of
+    every rebuild's ``reconfigure/<uuid>/`` (and only those) to delete."""
+
+    class Listed(Forwarding):
+        listings = 0
+
+        def list_keys(self):
+            Listed.listings += 1
+            return super().list_keys()
+
+    store = Listed(dist.HashStore())
+    uuids = [11, 22, 33, 44]
+    for uuid in uuids:
+        for key in (f"0/cpu//reconfigure/{uuid}/0/0", f"0/cpu//reconfigure/{uuid}/claimed"):
+            store.set(key, b"x")
+    store.set("0/cpu//reconfigure/111/0/0", b"x")  # another rebuild's, whose uuid holds 11
+    markers = [f"reconfigure/{uuid}/" for uuid in uuids[:3]]
+    assert leftovers.sweep_marked(store, markers) == 6
+    assert Listed.listings == 1
+    assert sorted(store.list_keys()) == [
+        "0/cpu//reconfigure/111/0/0",
+        "0/cpu//reconfigure/44/0/0",
+        "0/cpu//reconfigure/44/claimed",
+    ]
+
+
+def test_recording_notes_each_key_this_rank_writes_under_its_prefix() -> None:
+    """What torch writes through a creation's store is noted for this rank to delete (every
+    writing call), with the prefix the store gives it; what it only reads is not."""
+    from reloadpg_autopatch.groups import process, written
+
+    target = dist.HashStore()
+    rounds = process.current().rounds
+    rounds.written = []
+    store = written.Recording(target, "reloadpg_autopatch/3/1/groups/t/")
+    store.set("1//cpu//0/0", b"a")
+    store.add("1//barrier", 1)
+    store.append("1//log", b"x")
+    store.compare_set("1//claimed", "", b"me")
+    store.multi_set(["1//m0", "1//m1"], [b"0", b"1"])
+    assert store.get("1//cpu//0/0") == b"a"
+    store.wait(["1//cpu//0/0"])
+    assert store.check(["1//m1"])
+    noted = [key for held, key in rounds.written if held is target]
+    prefix = "reloadpg_autopatch/3/1/groups/t/"
+    assert noted == [
+        prefix + k for k in ("1//cpu//0/0", "1//barrier", "1//log", "1//claimed", "1//m0", "1//m1")
+    ]
+    assert all(target.check([key]) for key in noted)
+    assert all(leftovers.delete(target, key) for key in noted)
+    assert not any(target.check([key]) for key in noted)
+    rounds.written = []

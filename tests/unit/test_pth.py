@@ -25,7 +25,7 @@ def test_pth_is_one_import_line_that_reads_the_gate_first() -> None:
     assert text.startswith("import ")  # site.py runs only lines starting with "import "
     tree = ast.parse(text)
     assert [type(node).__name__ for node in tree.body] == ["Import", "Expr"]
-    assert [alias.name for alias in tree.body[0].names] == ["os"]
+    assert [alias.name for alias in tree.body[0].names] == ["os", "sys"]
     # The gate is compared before anything of ours can be imported: `<off test> or exec(...)`.
     test = tree.body[1].value
     assert isinstance(test, ast.BoolOp)
@@ -33,6 +33,8 @@ def test_pth_is_one_import_line_that_reads_the_gate_first() -> None:
     assert _bootstrap.GATE in ast.unparse(test.values[0])
     assert "reloadpg_autopatch" not in ast.unparse(test.values[0])
     assert ast.literal_eval(test.values[0].comparators[0]) == _bootstrap.OFF_VALUES
+    # A second pass over the file (a venv) stops before compiling the guard.
+    assert ast.unparse(test.values[1]) == f"getattr(sys, {_pth.RAN!r}, False)"
 
 
 def test_guard_source_compiles_and_catches_everything() -> None:

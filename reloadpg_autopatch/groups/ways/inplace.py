@@ -22,7 +22,7 @@ from torch.distributed import distributed_c10d as c10d
 from ..._env import MODE_ENV
 from ..._originals import original
 from ...errors import ModeRefusedError
-from .. import backends, frees, guard, memory, participants, process, rendezvous
+from .. import backends, frees, guard, memory, participants, process, rendezvous, written
 from ..agreement import KEEP
 from ..backends import device_backends
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
@@ -102,8 +102,8 @@ def rebuild(group: Any, name: str, timeout: timedelta | None) -> None:
     work = original("_reconfigure")(uuid, handles, group=group, timeout=timeout)
     if work is not None:
         work.wait()
-    if group.rank() == 0:  # torch leaves the handles it exchanged under the group's own store
-        participants.mark(c10d._world.pg_map[group][1], f"reconfigure/{uuid}/")
+    # torch leaves its handshake under the group's own store: this rank deletes its share later
+    written.reconfigured(group, c10d._world.pg_map[group][1], uuid)
 
 
 #: Why no group reloads in place while WORLD is swapped.

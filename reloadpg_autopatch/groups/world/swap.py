@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ...errors import ReloadPGError, WorldLostError
-from .. import aliases, backends, faults, frees, names, participants, process, registry
+from .. import aliases, backends, faults, frees, names, participants, process, registry, written
 from ..stepping import lose_world
 from ..ways.wrapper import ReloadableProcessGroup
 from . import carry
@@ -113,7 +113,7 @@ def _init_world(world: Any, backend: str, step: str) -> None:
                 raise
             raise _lost(error, temporary) from None  # torch tore every group down
         key = holder.key(step, "world", participants.token(), backend)
-        store = dist.PrefixStore(key + "/", world.store)
+        store = written.recording("world", key + "/")  # each rank deletes what it writes
         kwargs: dict[str, Any] = {}
         if backend == world.backend:
             if world.device_id is not None:
