@@ -113,6 +113,10 @@ class World:
     #: ``TORCH_GLOO_LAZY_INIT`` while a lazy creation runs: depth and the saved value.
     lazy_depth: int = 0
     lazy_saved: str | None = None
+    #: The settings that decide a refusal were compared across ranks in this world, and the
+    #: error every rank raised if they differ (``world.settings_round``).
+    settings_agreed: bool = False
+    settings_error: Any = None
 
 
 @dataclass
