@@ -147,6 +147,8 @@ class Rounds:
     marked: list[tuple[Any, str]] = field(default_factory=list)
     #: WORLD's store and the view of it the rounds use (``participants.base_store``).
     through: tuple[Any, Any] | None = None
+    #: A step failed on this rank: its next round waits for peers still leaving that step.
+    after_failure: bool = False
 
 
 @dataclass

@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import PeerMissingError, format_ranks
-from . import entries
+from . import entries, stalled
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -107,6 +107,58 @@ def _failure(
     return PeerMissingError(message, missing, step)
 
 
+def _stalled(
+    store: Any,
+    key: str,
+    rank: int,
+    world_size: int,
+    woken: bool,
+    *,
+    step: str,
+    cycle: str | None,
+    timeout: timedelta,
+    started: float,
+) -> RendezvousError:
+    """The error for a round that ended without every rank (``stalled``): who never completed
+    it, read after every live rank has marked itself."""
+    where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
+    try:
+        missing, silent = stalled.verdict(store, key, rank, world_size, woken=woken)
+    except Exception as error:  # the store went away meanwhile
+        return _failure(
+            store,
+            error,
+            step=step,
+            key=key,
+            cycle=cycle,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            started=started,
+            arrived=True,
+        )
+    elapsed = time.monotonic() - started
+    if missing:
+        after = (
+            f" (ranks {format_ranks(silent)} arrived, then died or froze before completing it)"
+            if silent
+            else ""
+        )
+        message = (
+            f"{where}: {len(missing)} rank(s) did not complete it within "
+            f"{timeout.total_seconds():g} s (waited {elapsed:.1f} s): ranks "
+            f"{format_ranks(missing)}{after}; every rank must call it at the same point of its "
+            "program"
+        )
+    else:
+        message = (
+            f"{where}: it did not complete within {timeout.total_seconds():g} s though every "
+            f"rank is alive (waited {elapsed:.1f} s): a rank arrived after another had given up"
+        )
+    logger.error("%s", message)
+    return PeerMissingError(message, missing, step)
+
+
 #: Characters of a round's token (``_fresh_token``).
 TOKEN_CHARS = 16
 
@@ -180,13 +232,32 @@ def _round(
                 store.set(done, fresh + _bytes(combine([found[r] for r in range(world_size)])))
             # Every rank has counted in: nobody writes these again, nor reads the last result.
             tidy(store, arrived, count, *stale)
-        store.wait([done], wait_for)
-        if combine is None and not token:
+        wakes = combine is not None or token  # its ranks read the result, so FAILED wakes them
+        try:
+            store.wait([done], wait_for)
+        except Exception:
+            if stalled.end(store, key, world_size, wakes=wakes) != stalled.COMPLETED:
+                raise stalled.Stalled() from None
+        if not wakes:
             return None
         result = entries.read(store, done)
+        if result == stalled.FAILED:  # another rank timed out and ended the round
+            raise stalled.Stalled()
         if acknowledge and store.add(f"{key}/read", 1) == world_size:
             tidy(store, done, f"{key}/read")  # every rank has read it
         return result
+    except stalled.Stalled as error:
+        raise _stalled(
+            store,
+            key,
+            rank,
+            world_size,
+            wakes,
+            step=step,
+            cycle=cycle,
+            timeout=wait_for,
+            started=started,
+        ) from error
     except Exception as error:
         raise _failure(
             store,
