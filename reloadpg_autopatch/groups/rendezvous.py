@@ -107,58 +107,6 @@ def _failure(
     return PeerMissingError(message, missing, step)
 
 
-def _stalled(
-    store: Any,
-    key: str,
-    rank: int,
-    world_size: int,
-    woken: bool,
-    *,
-    step: str,
-    cycle: str | None,
-    timeout: timedelta,
-    started: float,
-) -> RendezvousError:
-    """The error for a round that ended without every rank (``stalled``): who never completed
-    it, read after every live rank has marked itself."""
-    where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
-    try:
-        missing, silent = stalled.verdict(store, key, rank, world_size, woken=woken)
-    except Exception as error:  # the store went away meanwhile
-        return _failure(
-            store,
-            error,
-            step=step,
-            key=key,
-            cycle=cycle,
-            rank=rank,
-            world_size=world_size,
-            timeout=timeout,
-            started=started,
-            arrived=True,
-        )
-    elapsed = time.monotonic() - started
-    if missing:
-        after = (
-            f" (ranks {format_ranks(silent)} arrived, then died or froze before completing it)"
-            if silent
-            else ""
-        )
-        message = (
-            f"{where}: {len(missing)} rank(s) did not complete it within "
-            f"{timeout.total_seconds():g} s (waited {elapsed:.1f} s): ranks "
-            f"{format_ranks(missing)}{after}; every rank must call it at the same point of its "
-            "program"
-        )
-    else:
-        message = (
-            f"{where}: it did not complete within {timeout.total_seconds():g} s though every "
-            f"rank is alive (waited {elapsed:.1f} s): a rank arrived after another had given up"
-        )
-    logger.error("%s", message)
-    return PeerMissingError(message, missing, step)
-
-
 #: Characters of a round's token (``_fresh_token``).
 TOKEN_CHARS = 16
 
@@ -247,17 +195,33 @@ def _round(
             tidy(store, done, f"{key}/read")  # every rank has read it
         return result
     except stalled.Stalled as error:
-        raise _stalled(
-            store,
-            key,
-            rank,
-            world_size,
-            wakes,
-            step=step,
-            cycle=cycle,
-            timeout=wait_for,
-            started=started,
-        ) from error
+        where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
+        try:
+            failure = stalled.failure(
+                store,
+                key,
+                rank,
+                world_size,
+                woken=wakes,
+                where=where,
+                step=step,
+                timeout=wait_for,
+                started=started,
+            )
+        except Exception as gone:  # the store went away meanwhile
+            failure = _failure(
+                store,
+                gone,
+                step=step,
+                key=key,
+                cycle=cycle,
+                rank=rank,
+                world_size=world_size,
+                timeout=wait_for,
+                started=started,
+                arrived=True,
+            )
+        raise failure from error
     except Exception as error:
         raise _failure(
             store,

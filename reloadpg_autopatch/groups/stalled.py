@@ -26,11 +26,15 @@ Torch-free, as ``rendezvous`` is.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from datetime import timedelta
 from typing import Any
 
+from ..errors import PeerMissingError, format_ranks
 from . import entries
+
+logger = logging.getLogger("reloadpg_autopatch")
 
 #: Added to a round's count by the rank that ends it: no later ``add`` returns the world's size.
 POISON = 1 << 40
@@ -110,3 +114,40 @@ def _judged(store: Any, key: str, rank: int, live: int) -> None:
     while count < live and time.monotonic() < deadline:
         time.sleep(POLL_S)
         count = store.add(judged, 0)
+
+
+def failure(
+    store: Any,
+    key: str,
+    rank: int,
+    world_size: int,
+    *,
+    woken: bool,
+    where: str,
+    step: str,
+    timeout: timedelta,
+    started: float,
+) -> PeerMissingError:
+    """The error every rank raises for a round that ended without every rank (``verdict``);
+    raises where the store itself fails meanwhile."""
+    missing, silent = verdict(store, key, rank, world_size, woken=woken)
+    elapsed = time.monotonic() - started
+    if missing:
+        after = (
+            f" (ranks {format_ranks(silent)} arrived, then died or froze before completing it)"
+            if silent
+            else ""
+        )
+        message = (
+            f"{where}: {len(missing)} rank(s) did not complete it within "
+            f"{timeout.total_seconds():g} s (waited {elapsed:.1f} s): ranks "
+            f"{format_ranks(missing)}{after}; every rank must call it at the same point of its "
+            "program"
+        )
+    else:
+        message = (
+            f"{where}: it did not complete within {timeout.total_seconds():g} s though every "
+            f"rank is alive (waited {elapsed:.1f} s): a rank arrived after another had given up"
+        )
+    logger.error("%s", message)
+    return PeerMissingError(message, missing, step)

@@ -71,13 +71,22 @@ def _error(call: Any) -> dict[str, Any]:
 # ---- item 5: a rank killed after appending its entry ------------------------------------------
 
 
-def _killed_in_the_destroys_agreement(ctx: Rank, dies: int, host_exits: bool) -> dict:
+#: How late rank 1 arrives at the destroy, in the ``late-survivor`` case: it is still waiting
+#: when rank 0 times out, and would time out itself only after rank 0 has named the missing.
+LATE_S = 2.5
+#: How late rank 1 reads who marked itself alive, in the ``host-exits`` case.
+SLOW_READ_S = 1.0
+
+
+def _killed_in_the_destroys_agreement(ctx: Rank, dies: int, case: str) -> dict:
     """Rank ``dies`` ends its process after appending its entry to the destroy's agreement,
-    before counting itself in. With ``host_exits``, rank 0 hosts the store and ends its own
-    process the moment its destroy raises."""
+    before counting itself in. ``host-exits``: rank 0 hosts the store and ends its own process
+    the moment its destroy raises, and rank 1 reads who is alive ``SLOW_READ_S`` late.
+    ``late-survivor``: rank 1 arrives ``LATE_S`` after rank 0."""
     dist = ctx.begin(timeout=WORLD_S)
     group = dist.new_group(list(range(ctx.world_size)))
     import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.groups import entries
 
     if ctx.rank == dies:
 
@@ -86,6 +95,18 @@ def _killed_in_the_destroys_agreement(ctx: Rank, dies: int, host_exits: bool) ->
                 os._exit(0)
 
         _fault_store(ctx, act)
+    if ctx.rank == 1 and case == "host-exits":
+        read = entries.read
+
+        def slow(store: Any, key: str) -> bytes:
+            if key.endswith("/alive"):
+                time.sleep(SLOW_READ_S)
+            return read(store, key)
+
+        entries.read = slow
+    if ctx.rank == 1 and case == "late-survivor":
+        time.sleep(LATE_S)
+    host_exits = case == "host-exits"
     out = _error(rpg.destroy_process_groups)
     if host_exits and ctx.store_host:
         os._exit(0)  # as an uncaught exception ends it
@@ -93,15 +114,16 @@ def _killed_in_the_destroys_agreement(ctx: Rank, dies: int, host_exits: bool) ->
     return out
 
 
-@pytest.mark.parametrize("host_exits", [False, True], ids=["host-stays", "host-exits"])
-def test_a_rank_killed_after_appending_its_entry_is_named_by_every_survivor(
-    host_exits: bool,
-) -> None:
+@pytest.mark.parametrize("case", ["host-stays", "host-exits", "late-survivor"])
+def test_a_rank_killed_after_appending_its_entry_is_named_by_every_survivor(case: str) -> None:
     """Rank 2 of 3 dies after appending its entry to the destroy's agreement: every survivor
     raises ``PeerMissingError`` with ``missing == [2]`` within WORLD's timeout and the slack
     (before: ``missing == []`` and "the store failed"). With the store's host (rank 0) exiting
-    the moment it raised, rank 1 still names rank 2, not "its host left"."""
-    body = functools.partial(_killed_in_the_destroys_agreement, dies=2, host_exits=host_exits)
+    the moment it raised, rank 1, reading a second late, still names rank 2, not "its host
+    left". A survivor that arrived 2.5 s after rank 0 is not named: rank 0's timeout ended the
+    round for it too, and it said it was alive."""
+    host_exits = case == "host-exits"
+    body = functools.partial(_killed_in_the_destroys_agreement, dies=2, case=case)
     reports = run_ranks(
         body, 3, timeout=90, env=GATE, store_in_rank0=host_exits, may_die=frozenset({0, 2})
     )
@@ -113,6 +135,27 @@ def test_a_rank_killed_after_appending_its_entry_is_named_by_every_survivor(
         assert "ranks 2" in out["message"], (rank, out)
         assert "host" not in out["message"], (rank, out)
         assert out["seconds"] < WORLD_S + SLACK_S, (rank, out)
+
+
+def _one_rank_later_than_worlds_timeout(ctx: Rank) -> dict:
+    """Rank 2 arrives at the destroy ``WORLD_S + 0.5`` s after the others, alive."""
+    dist = ctx.begin(timeout=WORLD_S)
+    group = dist.new_group(list(range(ctx.world_size)))
+    import reloadpg_autopatch as rpg
+
+    if ctx.rank == 2:
+        time.sleep(WORLD_S + 0.5)
+    out = _error(rpg.destroy_process_groups)
+    out["group"] = str(group.group_name)
+    return out
+
+
+def test_a_rank_later_than_worlds_timeout_is_refused_like_the_others() -> None:
+    """Ranks 0 and 1 time out at the destroy's agreement before rank 2 arrives: rank 2, the
+    last to count itself in, does not complete the round for itself alone (its peers have
+    raised already): every rank raises ``PeerMissingError``."""
+    reports = run_ranks(_one_rank_later_than_worlds_timeout, 3, timeout=90, env=GATE)
+    assert [r["error"] for r in reports] == ["PeerMissingError"] * 3, reports
 
 
 # ---- item 6: a rank frozen by SIGSTOP in a reload's creations ----------------------------------
