@@ -15,7 +15,9 @@ Torch-free on purpose: it needs only an object with ``set``/``add``/``append``/`
 
 Ranks may arrive up to ``timeout`` apart. A rank that never arrives, or a store that goes away
 (the rank hosting it died), raises one ``PeerMissingError`` naming the step, the cycle and, for
-a timeout, the ranks missing (read from the one key of entries, on that error path only).
+a timeout, the ranks that never completed the round: the first rank to time out ends the round
+for every rank, and each names those that did not say they are alive (``stalled``, on that
+error path only).
 """
 
 from __future__ import annotations
