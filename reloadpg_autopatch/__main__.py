@@ -99,8 +99,8 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--cycles must be 0 or more, got {args.cycles}")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be 0 (any free port) or 1-65535, got {args.port}")
-    if args.timeout <= 0:
-        parser.error(f"--timeout must be positive, got {args.timeout}")
+    if not 0 < args.timeout < float("inf"):  # also NaN
+        parser.error(f"--timeout must be a positive, finite number of seconds, got {args.timeout}")
     if args.mode is None:
         args.mode = "suspend" if args.framework else "wrapper"
     if args.framework and args.backend != "gloo":

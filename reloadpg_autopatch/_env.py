@@ -88,18 +88,47 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
+#: The memory guard's default threshold, in GiB (slime's).
+DEFAULT_MIN_FREE_GB = 3.0
+#: The largest threshold accepted, in GiB (1 PiB): more than any device has, so a larger
+#: number is a unit mistake (bytes for GiB), and every threshold converts to bytes exactly.
+LARGEST_MIN_FREE_GB = float(2**20)
+
+
 def parse_min_free_gb(raw: str) -> float:
     """``SLIME_RELOADABLE_PG_MIN_FREE_GB``'s value as GiB; ``ValueError`` names what is accepted."""
     try:
         value = float(raw.strip())
     except ValueError:
         value = -1.0
-    if not value >= 0:  # negative, or NaN
+    if not 0 <= value <= LARGEST_MIN_FREE_GB:  # negative, NaN, infinite (1e999 too), too large
         raise ValueError(
             f"{MIN_FREE_ENV}={excerpt(raw)} is not a number of GiB; accepted: 0 (the memory "
-            "guard off) or a positive number such as 3 or 1.5"
+            f"guard off) or a positive number up to {LARGEST_MIN_FREE_GB:.0f}, such as 3 or 1.5"
         )
     return value
+
+
+def min_free_problem(raw: "str | None") -> "str | None":
+    """The one line for a bad ``SLIME_RELOADABLE_PG_MIN_FREE_GB`` (unset or empty is fine)."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        parse_min_free_gb(raw)
+    except ValueError as error:
+        return f"{error}; using the default, {DEFAULT_MIN_FREE_GB:g} GiB"
+    return None
+
+
+def every_call_problem(raw: "str | None") -> "str | None":
+    """The one line for a bad ``SLIME_RELOADABLE_PG_MEMORY_GUARD_EVERY_CALL`` (unset is fine)."""
+    if raw is None or raw.strip().lower() in ON_VALUES + OFF_VALUES:
+        return None
+    off = ", ".join(repr(v) for v in OFF_VALUES)
+    return (
+        f"{EVERY_CALL_ENV}={excerpt(raw)} is not understood; accepted: {', '.join(ON_VALUES)} "
+        f"(on) or {off} (off); the guard checks once per group after each reload"
+    )
 
 
 def parse_seconds(raw: str, variable: str, longest: float | None = None) -> float:
@@ -148,6 +177,17 @@ def parse_suspend_min_freed(raw: str) -> float:
             "accepted: a number from 0 (always suspend) to 1, such as 0.5 (the default)"
         )
     return value
+
+
+def suspend_timeout_problem(raw: "str | None") -> "str | None":
+    """The one line for a bad ``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT`` (unset or empty is fine)."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        parse_suspend_timeout(raw)
+    except ValueError as error:
+        return f"{error}; using WORLD's timeout instead"
+    return None
 
 
 def mode_problem(raw: str | None) -> str | None:

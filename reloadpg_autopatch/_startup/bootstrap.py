@@ -13,19 +13,27 @@ import sys
 from .._env import (
     ADOPT_ENV,
     ADOPT_MODULES_ENV,
+    EVERY_CALL_ENV,
+    FAIL_ENV,
     GATE,
     LOG_ENV,
     LOG_LEVELS,
+    MIN_FREE_ENV,
     MODE_ENV,
     OFF_VALUES,
     ON_VALUES,
     REBIND_ENV,
+    SUSPEND_TIMEOUT_ENV,
+    every_call_problem,
     excerpt,
+    failure_problem,
     first_report,
+    min_free_problem,
     mode_problem,
     parse_adopt,
     parse_adopt_modules,
     parse_prefixes,
+    suspend_timeout_problem,
 )
 
 #: The top-level package: every module of it counts for deferring the patch.
@@ -230,6 +238,15 @@ def activate(source: str) -> None:
     problem = reload_mode_problem()
     if problem is not None:
         warn_once("mode", problem, MODE_ENV)
+    for variable, check in (
+        (MIN_FREE_ENV, min_free_problem),
+        (EVERY_CALL_ENV, every_call_problem),
+        (SUSPEND_TIMEOUT_ENV, suspend_timeout_problem),
+        (FAIL_ENV, failure_problem),
+    ):
+        problem = check(os.environ.get(variable))
+        if problem is not None:  # read again at each step: said here once, where users look
+            warn_once(variable, problem, variable)
     for number, problem in enumerate(adoption_problems()):
         warn_once(f"adopt-{number}", problem)
     _watch_rebind_prefixes()

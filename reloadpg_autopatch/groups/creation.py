@@ -23,6 +23,7 @@ from .recreation import new_group_signature
 from .stepping import threaded_world
 from .ways.suspend import capability, leave_awake
 from .ways.wrapper import WRAPPER, ReloadableProcessGroup
+from .world import settings_round
 from .world.end import check_world
 from .world.registration import destroys_every_group, needs_swap
 
@@ -33,12 +34,21 @@ _Native = dist.ProcessGroup
 
 def refuse_while_asleep(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``new_group(*args, **kwargs)`` refused while WORLD's communicator it would split from
-    sleeps (for a creation this package does not wrap: an outer layer wraps it)."""
+    sleeps, or where the ranks' settings differ (for a creation this package does not wrap:
+    an outer layer wraps it)."""
     try:
         arguments = new_group_signature().bind(*args, **kwargs).arguments
     except TypeError:
         return  # torch raises its own error
+    _agree_settings(arguments)
     splits.refuse_new_group(arguments.get("backend"))
+
+
+def _agree_settings(arguments: dict[str, Any]) -> None:
+    """Before any rank creates or refuses a group: every rank's settings, compared once per
+    world, where every rank takes part (a local-sync creation is its members' only)."""
+    if dist.is_initialized() and not arguments.get("use_local_synchronization"):
+        settings_round.agree_once("new_group()")
 
 
 def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -55,6 +65,7 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         arguments = new_group_signature().bind(*args, **kwargs).arguments
     except TypeError:
         return create_native(*args, **kwargs)  # raises torch's own error
+    _agree_settings(arguments)
     # Before torch is called: its communicator may be split from a sleeping WORLD's.
     splits.refuse_new_group(arguments.get("backend"))
     wrap = dist.is_initialized() and policy.should_wrap(

@@ -7,8 +7,9 @@ creation that fails says which step of which cycle failed and which ranks were n
 
 Finding those ranks costs nothing while all goes well: a rank whose creation failed marks that
 in the store, then gives its peers a few seconds to fail too (they time out at about the same
-moment, waiting for the same missing peer). The members that marked nothing are the ones that
-died or never came.
+moment, waiting for the same missing peer). The marks are the step's, not the group's: a member
+stuck at another creation of the same step, behind the same missing peer, has marked itself
+too. The members that marked nothing are the ones that died or never came.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ logger = logging.getLogger("reloadpg_autopatch")
 
 __all__ = ["MemoryGuard", "arm", "armed_device", "check", "get_memory_guard", "set_memory_guard"]
 
-DEFAULT_MIN_FREE_GB = 3.0  # slime's threshold
+DEFAULT_MIN_FREE_GB = _env.DEFAULT_MIN_FREE_GB  # slime's threshold
 
 
 def set_memory_guard(min_free_gb: float = DEFAULT_MIN_FREE_GB, *, every_call: bool = False) -> None:
@@ -68,8 +68,12 @@ def _check_gb(value: Any) -> float:
         raise TypeError(
             f"min_free_gb must be a number of GiB (0 turns the guard off), got {value!r}"
         )
-    if not value >= 0:  # also NaN
-        raise ValueError(f"min_free_gb must be 0 (off) or more GiB, got {value!r}")
+    largest = _env.LARGEST_MIN_FREE_GB
+    if not 0 <= value <= largest:  # also NaN and infinity: every check converts it to bytes
+        raise ValueError(
+            f"min_free_gb must be 0 (off) or a finite number of GiB up to {largest:.0f}, got "
+            f"{value!r}"
+        )
     return float(value)
 
 
@@ -91,27 +95,16 @@ def _from_environment() -> MemoryGuard:
     reported once per process."""
     min_free = DEFAULT_MIN_FREE_GB
     raw = os.environ.get(_env.MIN_FREE_ENV)
-    if raw is not None and raw.strip():
-        try:
-            min_free = _env.parse_min_free_gb(raw)
-        except ValueError as error:
-            if _env.first_report(_env.MIN_FREE_ENV, raw):
-                logger.warning("%s; using the default, %s GiB", error, DEFAULT_MIN_FREE_GB)
-    every = False
+    problem = _env.min_free_problem(raw)
+    if problem is None and raw is not None and raw.strip():
+        min_free = _env.parse_min_free_gb(raw)
+    elif problem is not None and _env.first_report(_env.MIN_FREE_ENV, raw or ""):
+        logger.warning("%s", problem)
     raw = os.environ.get(_env.EVERY_CALL_ENV)
-    if raw is not None:
-        value = raw.strip().lower()
-        if value in _env.ON_VALUES:
-            every = True
-        elif value not in _env.OFF_VALUES and _env.first_report(_env.EVERY_CALL_ENV, raw):
-            logger.warning(
-                "%s=%s is not understood; accepted: %s (on) or %s (off); the guard checks "
-                "once per group after each reload",
-                _env.EVERY_CALL_ENV,
-                _env.excerpt(raw),
-                ", ".join(_env.ON_VALUES),
-                ", ".join(repr(v) for v in _env.OFF_VALUES),
-            )
+    every = raw is not None and raw.strip().lower() in _env.ON_VALUES
+    problem = _env.every_call_problem(raw)
+    if problem is not None and _env.first_report(_env.EVERY_CALL_ENV, raw or ""):
+        logger.warning("%s", problem)
     return MemoryGuard(min_free, every)
 
 

@@ -71,8 +71,28 @@ def _active(step: _Step) -> _Step:
     return checked  # type: ignore[return-value]
 
 
-destroy_process_groups = _active(destroy.destroy_process_groups)
-reload_process_groups = _active(reload.reload_process_groups)
+def _ours(step: _Step) -> _Step:
+    """``step``, whose every failure is a ``ReloadPGError`` (the program's handler for the
+    cycle catches one type): anything else it met is wrapped, the original as its cause.
+    ``KeyboardInterrupt``, ``SystemExit`` and the like go through as they are."""
+
+    @functools.wraps(step)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(*args, **kwargs)
+        except ReloadPGError:
+            raise
+        except Exception as error:
+            raise ReloadPGError(
+                f"reloadpg_autopatch.{step.__name__}() failed on this rank: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+
+    return checked  # type: ignore[return-value]
+
+
+destroy_process_groups = _active(_ours(destroy.destroy_process_groups))
+reload_process_groups = _active(_ours(reload.reload_process_groups))
 register_default_process_group = _active(registration.register_default_process_group)
 
 __all__ = [

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from . import leftovers, process, rendezvous
+from . import faults, leftovers, process, rendezvous, stalled
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -73,6 +73,23 @@ def world_timeout() -> timedelta:
     return _source().timeout
 
 
+def step_failed() -> None:
+    """A step failed (or was interrupted) on this rank: its peers may still be inside it."""
+    process.current().rounds.after_failure = True
+
+
+def _round_timeout(holder: process.ProcessState) -> timedelta:
+    """WORLD's timeout; twice that and the failure paths' graces for the first round after a
+    step failed here (``step_failed``): a peer still waiting inside that step for this rank
+    leaves it only after WORLD's timeout and its failure path, then comes (a retry after a
+    ``KeyboardInterrupt`` in a reload meets the peers it left, instead of blaming them)."""
+    bound = world_timeout()
+    if not holder.rounds.after_failure:
+        return bound
+    holder.rounds.after_failure = False
+    return 2 * bound + timedelta(seconds=faults.GRACE_S + stalled.GRACE_S)
+
+
 def global_rank() -> int:
     return _source().rank
 
@@ -100,7 +117,7 @@ def sync(step: str, point: str, *, token: bool = False) -> None:
         key,
         global_rank(),
         world_size(),
-        timeout=world_timeout(),
+        timeout=_round_timeout(holder),
         step=f"{step}: {point} sync",
         cycle=where(step),
         previous=_round_done(holder, key),
@@ -128,7 +145,7 @@ def agree(step: str, point: str, payload: bytes, merge: Any) -> bytes:
             world_size(),
             payload,
             merge=merge,
-            timeout=world_timeout(),
+            timeout=_round_timeout(holder),
             step=f"{step}: {point}",
             cycle=where(step),
             previous=_round_done(holder, key),

@@ -116,6 +116,10 @@ class World:
     #: Names of the groups ``new_group`` handed out as torch's own in this world: a cycle leaves
     #: them alone as it leaves groups made outside ``new_group`` (``world.carry``).
     left_native: set[str] = field(default_factory=set)
+    #: The settings that decide a refusal were compared across ranks in this world, and the
+    #: error every rank raised if they differ (``world.settings_round``).
+    settings_agreed: bool = False
+    settings_error: Any = None
 
 
 @dataclass
@@ -150,6 +154,8 @@ class Rounds:
     marked: list[str] = field(default_factory=list)
     #: WORLD's store and the view of it the rounds use (``participants.base_store``).
     through: tuple[Any, Any] | None = None
+    #: A step failed on this rank: its next round waits for peers still leaving that step.
+    after_failure: bool = False
 
 
 @dataclass

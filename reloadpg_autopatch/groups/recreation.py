@@ -53,7 +53,9 @@ def create_again(record: Record) -> Any:
     bound = participants.world_timeout()
     args, kwargs, members = creation_call(record, bound)
     store = participants.base_store()
-    key = holder.key("reload", "create", participants.token(), record.name)
+    # One key for every creation of this reload, not one per group: a member that failed at
+    # another creation (stuck behind the same missing peer) has still marked itself there.
+    key = holder.key("reload", "create", participants.token())
     if record.published is not None:  # published while destroyed: torch registers the new one
         names.withdraw(record.name)
     started = time.monotonic()

@@ -115,6 +115,7 @@ def reload_process_groups() -> None:
             cycle = _reload(holder, run)
         except BaseException:
             stepping.end_reload(holder, woke=False)
+            participants.step_failed()  # peers may still wait for this rank inside it
             raise
         stepping.end_reload(holder, woke=True)
         with run.part.phase("hooks"):

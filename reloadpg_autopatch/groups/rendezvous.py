@@ -15,7 +15,9 @@ Torch-free on purpose: it needs only an object with ``set``/``add``/``append``/`
 
 Ranks may arrive up to ``timeout`` apart. A rank that never arrives, or a store that goes away
 (the rank hosting it died), raises one ``PeerMissingError`` naming the step, the cycle and, for
-a timeout, the ranks missing (read from the one key of entries, on that error path only).
+a timeout, the ranks that never completed the round: the first rank to time out ends the round
+for every rank, and each names those that did not say they are alive (``stalled``, on that
+error path only).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import PeerMissingError, format_ranks
-from . import entries
+from . import entries, stalled
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -180,13 +182,48 @@ def _round(
                 store.set(done, fresh + _bytes(combine([found[r] for r in range(world_size)])))
             # Every rank has counted in: nobody writes these again, nor reads the last result.
             tidy(store, arrived, count, *stale)
-        store.wait([done], wait_for)
-        if combine is None and not token:
+        wakes = combine is not None or token  # its ranks read the result, so FAILED wakes them
+        try:
+            store.wait([done], wait_for)
+        except Exception:
+            if stalled.end(store, key, world_size, wakes=wakes) != stalled.COMPLETED:
+                raise stalled.Stalled() from None
+        if not wakes:
             return None
         result = entries.read(store, done)
+        if result == stalled.FAILED:  # another rank timed out and ended the round
+            raise stalled.Stalled()
         if acknowledge and store.add(f"{key}/read", 1) == world_size:
             tidy(store, done, f"{key}/read")  # every rank has read it
         return result
+    except stalled.Stalled as error:
+        where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
+        try:
+            failure = stalled.failure(
+                store,
+                key,
+                rank,
+                world_size,
+                woken=wakes,
+                where=where,
+                step=step,
+                timeout=wait_for,
+                started=started,
+            )
+        except Exception as gone:  # the store went away meanwhile
+            failure = _failure(
+                store,
+                gone,
+                step=step,
+                key=key,
+                cycle=cycle,
+                rank=rank,
+                world_size=world_size,
+                timeout=wait_for,
+                started=started,
+                arrived=True,
+            )
+        raise failure from error
     except Exception as error:
         raise _failure(
             store,

@@ -34,6 +34,8 @@ class Report:
     site_dirs: list[str] = field(default_factory=list)
     pth: dict[str, Any] = field(default_factory=dict)
     start: dict[str, Any] = field(default_factory=dict)
+    #: Every copy of the package on ``sys.path`` (and the one that runs, wherever it is).
+    copies: list[dict[str, Any]] = field(default_factory=list)
     gate: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     activation: dict[str, Any] = field(default_factory=dict)
@@ -101,8 +103,58 @@ def _outside_site(report: Report) -> str | None:
     return str(home)
 
 
+def _copies(report: Report) -> list[dict[str, Any]]:
+    """Each directory on ``sys.path`` that holds the package, in import order, with whether
+    its ``.pth`` is beside it, whether site processes that directory (then the ``.pth`` runs
+    in every process), and whether it is the copy that runs here (an editable install maps
+    the copy that runs from a directory that need not be on ``sys.path``)."""
+    home = Path(__file__).resolve().parent.parent.parent
+    sites = set()
+    for directory in report.site_dirs:
+        with contextlib.suppress(OSError):
+            sites.add(Path(directory).resolve())
+    found: dict[Path, dict[str, Any]] = {}
+    for entry in [*sys.path, str(home)]:
+        with contextlib.suppress(OSError):
+            directory = Path(entry or os.getcwd()).resolve()
+            if (
+                directory in found
+                or not (directory / "reloadpg_autopatch" / "__init__.py").is_file()
+            ):
+                continue
+            found[directory] = {
+                "path": str(directory),
+                "pth": (directory / pth.PTH_NAME).is_file(),
+                "site": directory in sites,
+                "runs": directory == home,
+                "on_sys_path": entry != str(home) or str(home) in sys.path,
+            }
+    return list(found.values())
+
+
+def _describe_copy(copy: dict[str, Any]) -> str:
+    runs = "runs" if copy["runs"] else "shadowed, never imported"
+    where = "" if copy["on_sys_path"] else ", mapped by an editable install"
+    if copy["pth"]:
+        pth_state = f"{pth.PTH_NAME} beside it" + (
+            ", which site runs in every process" if copy["site"] else ""
+        )
+    else:
+        pth_state = f"no {pth.PTH_NAME}"
+    return f"{copy['path']} ({runs}{where}; {pth_state})"
+
+
 def _check_install(report: Report) -> None:
     report.site_dirs = _site_dirs()
+    report.copies = _copies(report)
+    if len(report.copies) > 1:
+        report.problems.append(
+            f"reloadpg_autopatch is installed {len(report.copies)} times on sys.path: "
+            f"{'; '.join(_describe_copy(c) for c in report.copies)}. Only the first is "
+            "imported, while every .pth site finds runs, whatever version it is: uninstall the "
+            "copies that do not run (pip uninstall --user reloadpg_autopatch for the user site, "
+            "or pip uninstall with that environment's pip)"
+        )
     if not report.site_processing:
         report.notes.append(
             f"site processing is off (python -S): {pth.PTH_NAME} was not processed in this "
@@ -698,6 +750,8 @@ def render(report: Report) -> str:
         f"  site         processing {'on' if report.site_processing else 'OFF (-S)'}; "
         f"site-packages: {', '.join(report.site_dirs) or '-'}"
     )
+    for copy in report.copies:
+        lines.append(f"  copy         {_describe_copy(copy)}")
     for label, info, name in (
         (".pth", report.pth, pth.PTH_NAME),
         (".start", report.start, pth.START_NAME),

@@ -146,3 +146,45 @@ def test_huge_values_are_cut_in_the_report(installed) -> None:
     echoes = [line for line in proc.stdout.splitlines() if f"({huge} characters)" in line]
     assert len(echoes) >= 8, proc.stdout  # each of the four, as a value and as a problem
     assert max(len(line) for line in proc.stdout.splitlines()) < 300, proc.stdout
+
+
+#: A second site directory, the user site (``pip install --user``), added as site adds it where
+#: the user site is on (a venv turns it off): its ``.pth`` files are processed. Then the
+#: doctor, and the file of the copy that was imported.
+_SECOND_SITE = """
+import json, site, sys
+site.ENABLE_USER_SITE, site.USER_SITE = True, sys.argv[1]
+site.addsitedir(sys.argv[1])
+import reloadpg_autopatch
+from reloadpg_autopatch.tools.doctor import diagnose, render
+report = diagnose()
+print(render(report))
+print(json.dumps({"imported": reloadpg_autopatch.__file__, "report": report.to_dict()}))
+"""
+
+
+def test_a_second_copy_in_another_site_directory_is_a_problem_naming_each(
+    installed, tmp_path
+) -> None:
+    """The wheel's copy in the venv's site-packages, and a second copy of it with its ``.pth``
+    in another site directory (as ``pip install --user`` leaves one): the doctor is not
+    healthy; it names both copies with their ``.pth`` and which one runs, the one Python
+    imported (before: "healthy", naming one ``.pth``)."""
+    import shutil
+
+    second = tmp_path / "user-site"
+    shutil.copytree(installed.purelib / "reloadpg_autopatch", second / "reloadpg_autopatch")
+    shutil.copy(installed.purelib / "reloadpg_autopatch.pth", second)
+    proc = installed.run("-c", _SECOND_SITE, str(second), env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    imported = out["imported"]
+    assert imported.startswith(str(installed.purelib)), imported  # the oracle: Python's import
+    report = out["report"]
+    assert report["verdict"] == "problems found", report["problems"]
+    (problem,) = [p for p in report["problems"] if "installed 2 times" in p]
+    assert f"{installed.purelib} (runs;" in problem, problem
+    assert f"{second} (shadowed, never imported;" in problem, problem
+    assert problem.count("reloadpg_autopatch.pth beside it, which site runs") == 2, problem
+    text = proc.stdout
+    assert f"copy         {second} (shadowed" in text, text

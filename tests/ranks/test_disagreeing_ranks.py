@@ -191,12 +191,16 @@ def _disagree(
 ) -> dict[str, Any]:
     """Rank r runs in ``modes[r]`` with ``NCCL_CUMEM_ENABLE=cumem[r]`` ("" : unset); one mixed
     group ``tp`` over both ranks, then one cycle and (``use``: where every rank has it) a
-    collective on ``tp``."""
+    collective on ``tp``. The settings change after the world's first creation (the settings
+    that differ from the start are refused there on every rank,
+    ``tests/ranks/test_agreed_settings.py``): it is the destroy's agreement that finds these."""
     from tests.support.ranks import total
 
+    dist, rpg, s = _start(ctx, "wrapper")
+    dist.new_group([0, 1])  # the world's first creation: every rank's settings alike
     if cumem[ctx.rank]:
         os.environ["NCCL_CUMEM_ENABLE"] = cumem[ctx.rank]
-    dist, rpg, s = _start(ctx, modes[ctx.rank])
+    rpg.set_reload_mode(modes[ctx.rank])
     out: dict[str, Any] = {}
     try:
         tp = dist.new_group([0, 1], backend=MIXED, group_desc="tp")

@@ -19,11 +19,13 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from reloadpg_autopatch import _env
 from tests.support import PROGRAMS, ROOT
+from tests.support.ranks import GATE, run_ranks, total
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,7 +37,7 @@ ACCEPTED = {
     _env.LOG_ENV: "DEBUG, INFO",
     _env.MODE_ENV: "wrapper, native, suspend, auto",
     _env.REBIND_ENV: "'megatron'",
-    _env.MIN_FREE_ENV: "accepted: 0",
+    _env.MIN_FREE_ENV: "accepted: 0 (the memory guard off) or a positive number up to",
     _env.EVERY_CALL_ENV: "accepted: 1, true",
     _env.SUSPEND_TIMEOUT_ENV: "accepted: a positive number up to 1e+09",
     _env.FAIL_ENV: "accepted: patch",
@@ -49,7 +51,7 @@ BAD = {
         _env.LOG_ENV: "loud",
         _env.MODE_ENV: "sideways",
         _env.REBIND_ENV: "9bad",
-        _env.MIN_FREE_ENV: "lots",
+        _env.MIN_FREE_ENV: "inf",
         _env.EVERY_CALL_ENV: "sometimes",
         _env.SUSPEND_TIMEOUT_ENV: "1e12",
         _env.FAIL_ENV: "junk",
@@ -57,7 +59,7 @@ BAD = {
     "explicit": {
         _env.GATE: "maybe",
         _env.MODE_ENV: "suspend!",
-        _env.MIN_FREE_ENV: "-1",
+        _env.MIN_FREE_ENV: "1e999",
         _env.EVERY_CALL_ENV: "2",
         _env.SUSPEND_TIMEOUT_ENV: "nan",
         _env.FAIL_ENV: "patch please",
@@ -95,7 +97,9 @@ def _lines_naming(stderr: str, variable: str) -> list[str]:
 def test_each_bad_value_gives_exactly_one_line_over_many_cycles(how: str) -> None:
     """Every variable set to a bad value is named in exactly one stderr line, which says what
     is accepted, though the process read most of them at every step of several cycles (the
-    stand-in's log shows the suspends ran: the suspend timeout was read each time)."""
+    stand-in's log shows the suspends ran: the suspend timeout was read each time); with the
+    gate, that line is start-up's, prefixed ``reloadpg_autopatch:``. An infinite memory
+    threshold (``inf``, ``1e999``) is one such value: the cycles run on the default."""
     code, out, err = _run(how)
     assert code == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
@@ -109,6 +113,8 @@ def test_each_bad_value_gives_exactly_one_line_over_many_cycles(how: str) -> Non
             continue
         assert len(lines) == 1, (variable, lines, err[-3000:])
         assert ACCEPTED[variable] in lines[0], (variable, lines[0])
+        if how == "gate":  # start-up says each one, in its own line, as it says the gate's
+            assert lines[0].startswith(f"reloadpg_autopatch: {variable}"), (variable, lines)
 
 
 def test_no_line_for_good_values() -> None:
@@ -205,3 +211,45 @@ def test_the_accepted_values_say_nothing(variable: str, problem: object) -> None
     for value in (None, "", "  ", *accepted, *(v.upper() for v in accepted)):
         assert problem(value) is None, (variable, value)  # type: ignore[operator]
     assert variable in problem("nonsense")  # type: ignore[operator]
+
+
+# ---- what a cycle raises ------------------------------------------------------------------------
+
+
+def _cycle_with_an_unchecked_threshold(ctx: Any) -> dict[str, Any]:
+    """One rank, one group; the guard's threshold set to infinity behind the checks (as the
+    environment gave it before they refused it), so the reload's preflight meets an
+    ``OverflowError`` that is not the package's own."""
+    import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.groups import settings
+    from reloadpg_autopatch.groups.settings import MemoryGuard
+
+    dist = ctx.begin()
+    group = dist.new_group([0])
+    rpg.destroy_process_groups()
+    settings.current().guard = MemoryGuard(float("inf"), False)
+    out: dict[str, Any] = {}
+    try:
+        rpg.reload_process_groups()
+        out["reload"] = None
+    except Exception as error:
+        cause = error.__cause__
+        out["reload"] = [type(error).__name__, isinstance(error, rpg.ReloadPGError), str(error)]
+        out["cause"] = None if cause is None else type(cause).__name__
+    settings.current().guard = MemoryGuard(0.0, False)
+    rpg.reload_process_groups()  # the groups still sleep: a reload after the fix wakes them
+    out["sum"] = total(group, 1.0)
+    return out
+
+
+def test_nothing_a_cycle_raises_is_outside_reload_pg_error() -> None:
+    """A failure inside a cycle that is not one of the package's own (here an
+    ``OverflowError`` from an infinite threshold) reaches the program as a ``ReloadPGError``
+    naming it, with the original as its cause; the groups still sleep and a reload wakes
+    them."""
+    (out,) = run_ranks(_cycle_with_an_unchecked_threshold, 1, timeout=60, env=GATE)
+    _kind, ours, text = out["reload"]
+    assert ours, out
+    assert "OverflowError" in text, out
+    assert out["cause"] == "OverflowError", out
+    assert out["sum"] == 1.0, out

@@ -19,6 +19,7 @@ from ..runs import ReloadRun
 from ..stepping import begin_world, nothing_to_do, threaded_world
 from ..ways.suspend.way import forget_left_awake
 from ..ways.wrapper import binding
+from . import settings_round
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -35,6 +36,7 @@ def _forget(holder: process.ProcessState) -> None:
     """The registration ends, and so does WORLD's stand-in."""
     registered = holder.world.registration
     holder.world.registration = None
+    settings_round.forget(holder.world)
     holder.world.facts = process.TorchDefault()
     holder.world.left_native = set()
     if registered is not None and registered.stand_in is not None:

@@ -23,7 +23,7 @@ from .. import backends, mode, names, participants, process, registry
 from ..backends import component_names, device_backends, holds_accelerator_memory
 from ..record import State
 from ..ways.wrapper import ReloadableProcessGroup
-from . import carry, swap, ways
+from . import carry, settings_round, swap, ways
 from .end import check_world
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -178,6 +178,8 @@ def register_default_process_group(
     if holder.world.registration is not None:
         _same_registration(holder.world.registration, timeout, chosen, temporary)
         return
+    # Before WORLD's way is chosen (which may refuse): every rank's settings, compared.
+    settings_round.agree_once("register_default_process_group()")
     backend = str(c10d.get_backend())
     default_group = c10d._get_default_group()
     named = chosen is not None and bool(set(component_names(backend)) & set(chosen))
