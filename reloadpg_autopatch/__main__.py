@@ -10,7 +10,8 @@ import json
 import sys
 
 from ._env import MODES
-from .tools.demo import FRAMEWORKS, MAX_WORLD_SIZE
+from .tools.demo import MAX_WORLD_SIZE
+from .tools.demo_framework import FRAMEWORKS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,7 +129,8 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    from .tools.demo import run_demo, run_framework_demo
+    from .tools.demo import run_demo
+    from .tools.demo_framework import run_framework_demo
     from .tools.launch import PortInUse
 
     try:
