@@ -159,8 +159,7 @@ def parse_suspend_timeout(raw: str) -> float:
     return parse_seconds(raw, SUSPEND_TIMEOUT_ENV, LONGEST_SUSPEND_TIMEOUT_S)
 
 
-#: ``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED`` when unset: a suspend that would keep most of a
-#: communicator's memory (a one-rank group's network buffer) is not worth its keeping.
+#: ``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED`` when unset: a suspend keeping most is not worth it.
 DEFAULT_SUSPEND_MIN_FREED = 0.5
 
 
