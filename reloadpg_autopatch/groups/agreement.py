@@ -1,7 +1,7 @@
 """What the ranks tell each other at a destroy and at a reload: typed answers, merged by field.
 
 Each step has one agreement: every rank publishes its answers, the last rank to arrive merges
-them, and every rank reads the one merged result (``participants.agree``: O(1) store operations
+them, and every rank reads the one merged result (``channel.agree``: O(1) store operations
 per rank, whatever the size of the world). The answers are dataclasses whose fields declare how
 they merge across ranks:
 
@@ -26,8 +26,8 @@ import json
 from dataclasses import field
 from typing import Any, ClassVar, TypeVar
 
-from . import participants
 from .decisions import Reports, Verdict, sleep_verdict
+from .store import channel
 
 #: How a field merges; kept in the field's metadata.
 MERGE = "merge"
@@ -94,10 +94,10 @@ class Answers:
 def exchange(answers: A) -> A:
     """Publish this rank's answers; return every rank's, merged, the same on every rank.
 
-    It also gives every rank the step's fresh token (``participants.agree``).
+    It also gives every rank the step's fresh token (``channel.agree``).
     """
     cls = type(answers)
-    return cls.read(participants.agree(cls.STEP, "agreement", answers.payload(), cls.merge))
+    return cls.read(channel.agree(cls.STEP, "agreement", answers.payload(), cls.merge))
 
 
 @dataclasses.dataclass

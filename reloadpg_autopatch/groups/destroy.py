@@ -25,7 +25,6 @@ from . import (
     agreement,
     frees,
     hooks,
-    participants,
     process,
     registry,
     releases,
@@ -37,6 +36,7 @@ from .agreement import DestroyAnswers
 from .decisions import DestroyFacts, DestroyStep, destroy_step
 from .record import Record, State
 from .runs import DestroyRun, broken
+from .store import channel
 from .ways import common
 from .ways.wrapper import binding
 from .world.end import check_world
@@ -70,7 +70,7 @@ def _agree(run: DestroyRun) -> None:
     answers = DestroyAnswers()
     answers.release_failed = releases.failures(run.releases)
     if answers.release_failed:
-        answers.release_failed_ranks = [str(participants.global_rank())]
+        answers.release_failed_ranks = [str(channel.global_rank())]
     common.answer_for_rank(answers)
     for answer in {type(way).answer_destroy_for_rank for way in ways.registered()}:
         answer(answers)
@@ -78,7 +78,7 @@ def _agree(run: DestroyRun) -> None:
         record.way.answer_destroy(record, answers)
         common.answer(record, answers)
     run.agreed = agreement.exchange(answers)
-    with participants.agreed_outcome():
+    with channel.agreed_outcome():
         _refuse_failed_releases(run.agreed)
         run.verdicts = run.agreed.verdicts()
         for check in {type(way).after_destroy_agreement for way in ways.registered()}:
@@ -92,7 +92,7 @@ def _refuse_failed_releases(agreed: DestroyAnswers) -> None:
         return
     ranks = sorted(int(r) for r in agreed.release_failed_ranks)
     raise ReleaseError(
-        f"destroy_process_groups() ({participants.where('destroy')}): what borrows a "
+        f"destroy_process_groups() ({channel.where('destroy')}): what borrows a "
         f"communicator could not be released on {'rank' if len(ranks) == 1 else 'ranks'} "
         f"{format_ranks(ranks)}: "
         f"{'; '.join(sorted(agreed.release_failed))}. The other releases ran; nothing was "

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GroupBrokenError
-from . import participants
 from .agreement import DestroyAnswers, ReloadAnswers
 from .decisions import Verdict
 from .report import StepReport
+from .store import channel
 
 
 @dataclass
@@ -70,7 +70,7 @@ def broken(failures: list[tuple[str, BaseException]], action: str, step: str) ->
     text = "; ".join(f"group {name!r}: {type(e).__name__}: {e}" for name, e in failures)
     call = "destroy_process_groups()" if step == "destroy" else "reload_process_groups()"
     error = GroupBrokenError(
-        f"{call} ({participants.where(step)}) could not {action} {text}. Such a communicator "
+        f"{call} ({channel.where(step)}) could not {action} {text}. Such a communicator "
         "is in an unknown state (NCCL may have released part of it): it stays refused, and "
         "this process must restart to use it again; every other group went on as usual"
     )

@@ -219,7 +219,8 @@ def run(args: Any) -> None:
     launch.init_rank(args, backend=args.backend, timeout=args.timeout)
     import torch.distributed as dist
 
-    from ..groups import lifecycle, participants
+    from ..groups import lifecycle
+    from ..groups.store import channel
     from ..groups.world import registration
 
     # On gloo, treat gloo as the accelerator so that WORLD takes part in every cycle too.
@@ -254,7 +255,7 @@ def run(args: Any) -> None:
         in_place = lifecycle.reloadable_groups() and all(
             type(g) is torch.distributed.ProcessGroup for g in lifecycle.reloadable_groups()
         )
-        registered = participants.registration()
+        registered = channel.registration()
         world = registered.record if registered is not None else None
         asleep = world is not None and world.way.suspends
         if left != 1 and not in_place and not asleep:  # torch keeps in-place/suspended groups

@@ -616,12 +616,12 @@ def _check_left_alone(report: Report) -> None:
 
     if not dist.is_initialized():
         return
-    from ..groups import participants
+    from ..groups.store import channel
     from ..groups.world import carry
 
     groups = carry.left_alone()
     report.left_alone = [{"name": carry.name(g), **carry.describe(g)} for g in groups]
-    registered = participants.registration()
+    registered = channel.registration()
     if registered is not None and registered.swap:
         report.problems.extend(
             f"the next destroy_process_groups() will refuse: {line}"

@@ -88,7 +88,7 @@ def _host_leaves(ctx: Rank, case: str, mark: str) -> tuple[str, str, Any]:
     class name, text, ``missing`` of a ``PeerMissingError``)."""
     import torch
 
-    from reloadpg_autopatch.groups import entries
+    from reloadpg_autopatch.groups.store import entries
 
     dist, rpg, s = _start(ctx, "wrapper" if case == "none" else "suspend")
     step = rpg.destroy_process_groups

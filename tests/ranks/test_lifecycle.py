@@ -401,7 +401,7 @@ def _edge_cases(ctx: Rank) -> dict:
     out["after_world_destroyed"] = [
         dist.is_initialized(),
         [r.state.value for r in registry.records()],
-        reloadpg_autopatch.groups.participants.is_registered(),
+        reloadpg_autopatch.groups.store.channel.is_registered(),
     ]
     return out
 

@@ -36,10 +36,10 @@ SLACK_S = 6.0
 
 def _fault_store(ctx: Rank, act: Any) -> None:
     """This rank's rounds go through a forwarding store that calls ``act(method, key)`` first."""
-    from reloadpg_autopatch.groups import participants
+    from reloadpg_autopatch.groups.store import channel
     from tests.support.stores import Forwarding
 
-    real = participants.base_store
+    real = channel.base_store
 
     class Faulty(Forwarding):
         def add(self, key: str, value: int) -> int:
@@ -50,7 +50,7 @@ def _fault_store(ctx: Rank, act: Any) -> None:
             act("wait", keys[0])
             return super().wait(keys, timeout)
 
-    participants.base_store = lambda: Faulty(real())
+    channel.base_store = lambda: Faulty(real())
 
 
 def _error(call: Any) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def _killed_in_the_destroys_agreement(ctx: Rank, dies: int, case: str) -> dict:
     dist = ctx.begin(timeout=WORLD_S)
     group = dist.new_group(list(range(ctx.world_size)))
     import reloadpg_autopatch as rpg
-    from reloadpg_autopatch.groups import entries
+    from reloadpg_autopatch.groups.store import entries
 
     if ctx.rank == dies:
 

@@ -58,16 +58,16 @@ def _cycles(ctx: Rank) -> dict[str, Any]:
         return real(self, *args, **kwargs)
 
     dist.ProcessGroup.shutdown = counted
-    from reloadpg_autopatch.groups import leftovers
+    from reloadpg_autopatch.groups.store import sweep as store_sweep
 
     sweeps: list[int] = []  # the sweep of other cycles' keys: once a world, on WORLD's rank 0
-    sweep = leftovers.sweep
+    real_sweep = store_sweep.sweep
 
     def counted_sweep(*args: Any, **kwargs: Any) -> int:
         sweeps.append(1)
-        return sweep(*args, **kwargs)
+        return real_sweep(*args, **kwargs)
 
-    leftovers.sweep = counted_sweep
+    store_sweep.sweep = counted_sweep
     how = os.environ["KEYS_TEST_WORLD"]
     ctx.begin(world=True, swap=("gloo",) if how == "swap" else None)
     groups = [dist.new_group([0, 1]) for _ in range(3)]
@@ -119,7 +119,7 @@ def _end_right_after_reload(ctx: Rank) -> dict[str, Any]:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from reloadpg_autopatch.groups import participants
+    from reloadpg_autopatch.groups.store import channel
 
     ctx.begin(timeout=6.0)
     oracle = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
@@ -128,7 +128,7 @@ def _end_right_after_reload(ctx: Rank) -> dict[str, Any]:
     before = oracle.num_keys()
     dist.barrier()
     if ctx.rank == 1:
-        real = participants.base_store
+        real = channel.base_store
 
         class Late:
             """The store, with a wait that starts 2 s late for the reload's result."""
@@ -144,7 +144,7 @@ def _end_right_after_reload(ctx: Rank) -> dict[str, Any]:
                     time.sleep(2.0)
                 return self.inner.wait(keys, *args)
 
-        participants.base_store = lambda: Late(real())
+        channel.base_store = lambda: Late(real())
     else:
         time.sleep(0.5)  # rank 1 has counted in: rank 0 is the last to arrive
     said: dict[str, Any] = {}

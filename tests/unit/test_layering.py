@@ -300,7 +300,7 @@ def test_the_world_branch_finder_finds_one(tmp_path: Path) -> None:
 
 #: Each part of the process holder and the one module (or package) that writes it.
 WRITERS = {
-    "rounds": ("participants",),
+    "rounds": ("store.channel",),
     "records": ("registry",),
     "pools": ("pools",),
     "world": ("world",),
@@ -425,8 +425,9 @@ def test_the_writer_finder_finds_each_kind_of_write(tmp_path: Path) -> None:
 
 
 def test_the_bottom_modules_import_what_they_say() -> None:
-    """``errors`` imports nothing; the store protocol (``rendezvous``, ``entries``) no torch."""
+    """``errors`` imports nothing; the store protocol (``store``'s rounds, entries, a stalled
+    round and the sweep) no torch."""
     assert _imported_modules(PACKAGE / "errors.py") == set()
-    for name in ("rendezvous.py", "entries.py"):
-        found = _imported_modules(PACKAGE / "groups" / name)
+    for name in ("rounds.py", "entries.py", "stalled.py", "sweep.py"):
+        found = _imported_modules(PACKAGE / "groups" / "store" / name)
         assert not {m for m in found if m.split(".")[0] == "torch"}, (name, found)

@@ -22,12 +22,13 @@ from torch.distributed import distributed_c10d as c10d
 from ..._env import MODE_ENV
 from ..._originals import original
 from ...errors import ModeRefusedError
-from .. import backends, frees, guard, memory, participants, process, rendezvous, written
+from .. import backends, frees, guard, memory, process
 from ..agreement import KEEP
 from ..backends import device_backends
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
 from ..record import Record, State
 from ..runs import DestroyRun, ReloadRun
+from ..store import channel, rounds, written
 from .base import Way
 
 
@@ -73,29 +74,27 @@ def release(group: Any, label: str) -> None:
 
 
 def _uuid(holder: process.ProcessState, name: str) -> int:
-    digest = hashlib.sha256(
-        holder.key("reload", "uuid", participants.token(), name).encode()
-    ).digest()
+    digest = hashlib.sha256(holder.key("reload", "uuid", channel.token(), name).encode()).digest()
     return int.from_bytes(digest[:7], "big")  # fits the int64 torch takes
 
 
 def rebuild(group: Any, name: str, timeout: timedelta | None) -> None:
     """Reconfigure ``group`` in place with its members' fresh handles (every member calls)."""
     holder = process.current()
-    bound = participants.world_timeout()
+    bound = channel.world_timeout()
     # One key written and one read per member; the last member to arrive combines them.
     handles = [
         handle.decode()
-        for handle in rendezvous.exchange(
-            participants.base_store(),
-            holder.key("reload", "handle", participants.token(), name),
+        for handle in rounds.exchange(
+            channel.base_store(),
+            holder.key("reload", "handle", channel.token(), name),
             group.rank(),
             group.size(),
             group.get_reconfigure_handle(),
             # A missing member fails this within WORLD's timeout, not the group's own.
             timeout=min(timeout, bound) if timeout else bound,
             step=f"reload: handles of group {name!r}",
-            cycle=participants.where("reload"),
+            cycle=channel.where("reload"),
         )
     ]
     uuid = _uuid(holder, name)

@@ -13,10 +13,11 @@ import logging
 
 from torch.distributed import distributed_c10d as c10d
 
-from .. import participants, process, registry
+from .. import process, registry
 from ..record import State
 from ..runs import ReloadRun
 from ..stepping import begin_world, nothing_to_do, threaded_world
+from ..store import channel
 from ..ways.suspend.way import forget_left_awake
 from ..ways.wrapper import binding
 from . import settings_round
@@ -58,7 +59,7 @@ def end_world() -> None:
             if record.state is not State.ENDED:
                 record.move(State.ENDED)
         registry.prune()
-        participants.tidy()
+        channel.tidy()
         _forget(holder)
         registry.belong_to(None, again=True)
         forget_left_awake()

@@ -19,9 +19,10 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ...errors import RegistrationError, ReloadPGError
-from .. import backends, mode, names, participants, process, registry
+from .. import backends, mode, names, process, registry
 from ..backends import component_names, device_backends, holds_accelerator_memory
 from ..record import State
+from ..store import channel
 from ..ways.wrapper import ReloadableProcessGroup
 from . import carry, settings_round, swap, ways
 from .end import check_world
@@ -238,7 +239,7 @@ def register_default_process_group(
 def destroys_every_group() -> bool:
     """Whether every group must be reloadable once WORLD is registered (slime's rule): a
     destroy of WORLD tears down every group torch knows. A WORLD that suspends does not."""
-    world = participants.registration()
+    world = channel.registration()
     record = world.record if world is not None else None
     return world is not None and not (record is not None and record.way.suspends)
 
@@ -272,5 +273,5 @@ def _same_registration(
 
 def needs_swap() -> bool:
     """Whether the next destroy replaces WORLD (registered, accelerator, not swapped yet)."""
-    world = participants.registration()
+    world = channel.registration()
     return world is not None and world.swap and not world.swapped

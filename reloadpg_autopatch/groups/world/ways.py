@@ -16,12 +16,13 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..._env import MODE_ENV
 from ...errors import ModeRefusedError, ReloadPGError
-from .. import frees, guard, mode, participants
+from .. import frees, guard, mode
 from ..agreement import DestroyAnswers, ReloadAnswers
 from ..backends import holds_accelerator_memory
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
 from ..record import Record, State
 from ..runs import DestroyRun, ReloadRun
+from ..store import channel
 from ..ways import register
 from ..ways.base import Way
 from ..ways.inplace import InPlace, in_place_refusal, rebuild, release
@@ -85,14 +86,14 @@ class WorldSwap(_World, Way):
         agreed = run.agreed
         if agreed is not None and agreed.untouchable:
             raise ReloadPGError(
-                f"destroy_process_groups() ({participants.where('destroy')}): WORLD is swapped "
+                f"destroy_process_groups() ({channel.where('destroy')}): WORLD is swapped "
                 "for a temporary WORLD on destroy, which torch does by destroying WORLD, and "
                 "that would end groups this package did not make: "
                 f"{'; '.join(sorted(agreed.untouchable))}. Nothing was destroyed on any rank. "
                 "Destroy those groups first (torch.distributed.destroy_process_group(group)), "
                 "or register WORLD in a mode that keeps it (suspend, native)"
             )
-        if participants.registration() is not None:
+        if channel.registration() is not None:
             left = carry.left_alone()
             if left:
                 run.part.left_alone = carry.report(left)
@@ -119,7 +120,7 @@ class WorldSwap(_World, Way):
         swap.swap_in()
         record.move(State.LIVE)
         run.restored = True  # torch tore down every group it knew
-        stand_in = participants.registration().stand_in
+        stand_in = channel.registration().stand_in
         run.rebuilt.append(stand_in)
         guard.arm(stand_in)
 
@@ -130,7 +131,7 @@ class WorldInPlace(_World, InPlace):
     name: ClassVar[str] = "WORLD in place"
 
     def free(self, record: Record, run: DestroyRun) -> None:
-        registered = participants.registration()
+        registered = channel.registration()
         swap.refresh_timeout(registered)
         release(c10d._get_default_group(), "WORLD")
         record.move(State.DESTROYED)
@@ -139,7 +140,7 @@ class WorldInPlace(_World, InPlace):
         return "swap" if isinstance(step, ReloadStep) else super().phase(step)
 
     def rebuild(self, record: Record, run: ReloadRun) -> None:
-        rebuild(c10d._get_default_group(), "WORLD", participants.registration().timeout)
+        rebuild(c10d._get_default_group(), "WORLD", channel.registration().timeout)
         record.move(State.LIVE)
         run.rebuilt.append(c10d._get_default_group())
 
@@ -164,7 +165,7 @@ class WorldSuspendWrapped(_World, SuspendWrapped):
 
 def _swaps_next() -> bool:
     """Whether this destroy swaps WORLD (registered to be swapped, and not swapped yet)."""
-    world = participants.registration()
+    world = channel.registration()
     return (
         world is not None
         and world.record is not None

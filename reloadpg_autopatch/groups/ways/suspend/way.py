@@ -16,12 +16,13 @@ from typing import Any, ClassVar
 
 from ...._env import MODE_ENV
 from ....errors import GroupBrokenError, ModeRefusedError, ReloadPGError
-from ... import mode, participants, process
+from ... import mode, process
 from ...agreement import KEEP, DestroyAnswers
 from ...decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep, Verdict
 from ...memory import human
 from ...record import Record, State
 from ...runs import DestroyRun, ReloadRun
+from ...store import channel
 from ...watchdog import call, suspend_timeout
 from ..base import Way
 from ..inplace import IN_PLACE, in_place_refusal
@@ -73,7 +74,7 @@ def _still_known() -> list[str]:
 
 def _seconds(run: DestroyRun | ReloadRun) -> float:
     if run.suspend_seconds is None:
-        run.suspend_seconds = suspend_timeout(participants.world_timeout())
+        run.suspend_seconds = suspend_timeout(channel.world_timeout())
     return run.suspend_seconds
 
 
@@ -221,7 +222,7 @@ class Suspend(Way):
             "others)"
         )
         raise ModeRefusedError(
-            f"destroy_process_groups() ({participants.where('destroy')}): {MODE_ENV}=suspend, "
+            f"destroy_process_groups() ({channel.where('destroy')}): {MODE_ENV}=suspend, "
             f"but groups {', '.join(map(repr, refused))} cannot be suspended on every member: "
             f"{why}. Nothing was suspended or destroyed on any rank; use mode 'auto' to reload "
             "such groups another way"
@@ -243,10 +244,7 @@ class Suspend(Way):
         sleep = record.sleep
         try:
             for device, backend in sleep.legs:
-                what = (
-                    f"suspend() of {self.label(record)} on {device} "
-                    f"({participants.where('destroy')})"
-                )
+                what = f"suspend() of {self.label(record)} on {device} ({channel.where('destroy')})"
                 sleep.suspend_ms += call(backend, "suspend", what, _seconds(run))
             sleep.asleep = stats_of(sleep.legs)
         except Exception as error:
@@ -323,9 +321,7 @@ class Suspend(Way):
         sleep = record.sleep
         try:
             for device, backend in sleep.legs:
-                what = (
-                    f"resume() of {self.label(record)} on {device} ({participants.where('reload')})"
-                )
+                what = f"resume() of {self.label(record)} on {device} ({channel.where('reload')})"
                 sleep.resume_ms += call(backend, "resume", what, _seconds(run))
             sleep.after = stats_of(sleep.legs)
         except Exception as error:

@@ -2,7 +2,7 @@
 first destroy, and the deletes of each rank's own creation keys.
 
 torch writes the keys of a group's creation (gloo's addresses, a reconfigure's handles) and
-never deletes them; the rounds delete their own (``rendezvous``). A reload creates groups again
+never deletes them; the rounds delete their own (``rounds``). A reload creates groups again
 under keys of its cycle (``reloadpg_autopatch/<cycle>/...``), and each rank deletes the keys its
 own creations wrote (``written``) once every rank has finished that cycle: after the next
 cycle's first round (the destroy's agreement). So no rank lists the store or deletes another
@@ -11,7 +11,7 @@ per world, at its first destroy, WORLD's rank 0 deletes every key of ours that b
 another cycle than this one and the next (``sweep``): what an earlier world on the same store
 left (a world that crashed, or the last cycle of one that ended).
 
-Torch-free, as ``rendezvous`` is: a store is anything with ``list_keys`` and ``delete_key``. A
+Torch-free, as ``rounds`` is: a store is anything with ``list_keys`` and ``delete_key``. A
 store that cannot list (a Python ``Store`` that does not implement it) keeps its keys. torch's
 ``PrefixStore`` over a Python ``Store`` can neither delete nor list (its trampoline forwards
 neither): ``Through`` does both through the inner store, under the prefix.
@@ -30,7 +30,7 @@ __all__ = ["PREFIX", "Through", "delete", "of_other_cycles", "sweep", "sweep_mar
 #: Where every key of ours lives (``process.ProcessState.key``).
 PREFIX = "reloadpg_autopatch/"
 _CYCLE = re.compile(r"^reloadpg_autopatch/(\d+)/")
-#: A rebuild's marker in a key (``participants.mark``).
+#: A rebuild's marker in a key (``channel.mark``).
 _MARK = re.compile(r"reconfigure/-?\d+/")
 
 

@@ -1,6 +1,6 @@
 """A store round that timed out: one verdict, the ranks that never completed it named.
 
-A round (``rendezvous``) completes when the last rank to count itself in publishes the result.
+A round (``rounds``) completes when the last rank to count itself in publishes the result.
 A rank that appended its entry and died before counting in (or froze there) leaves the round
 incomplete with every entry present, so the entries cannot say who is missing; and ranks that
 arrived up to WORLD's timeout apart time out as far apart, so what one sees at its timeout says
@@ -20,7 +20,7 @@ path only (the happy path keeps its store operations):
   the server) waits for the others before it may exit, so its exit cannot take the verdict
   away from a peer still reading it.
 
-Torch-free, as ``rendezvous`` is.
+Torch-free, as ``rounds`` is.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from ..errors import PeerMissingError, format_ranks
+from ...errors import PeerMissingError, format_ranks
 from . import entries
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -51,7 +51,7 @@ COMPLETED, ENDED = "completed", "ended"
 
 
 class Stalled(Exception):
-    """The round ended without every rank (internal: ``rendezvous`` turns it into the error)."""
+    """The round ended without every rank (internal: ``rounds`` turns it into the error)."""
 
 
 def end(store: Any, key: str, world_size: int, *, wakes: bool) -> str:

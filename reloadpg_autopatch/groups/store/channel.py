@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from . import faults, leftovers, process, rendezvous, stalled
+from .. import faults, process
+from . import entries, failures, rounds, stalled, sweep
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -46,7 +47,7 @@ def base_store() -> Any:
     """The store every rank shares for the life of this world (it outlives WORLD itself).
 
     Over a Python ``Store``, torch's ``PrefixStore`` cannot delete: then the rounds delete
-    through the inner store (``leftovers.Through``), under the prefix torch gave WORLD's store.
+    through the inner store (``sweep.Through``), under the prefix torch gave WORLD's store.
     """
     store = _source().store
     rounds = process.current().rounds
@@ -64,7 +65,7 @@ def _deleting(store: Any) -> Any:
 
     for group, (_backend, held) in list(c10d._world.pg_map.items()):
         if held is store:  # torch's PrefixStore(f"{group_name}/", store) of that group
-            return leftovers.Through(store, inner, f"{group.group_name}/")
+            return sweep.Through(store, inner, f"{group.group_name}/")
     return store
 
 
@@ -107,12 +108,12 @@ def sync(step: str, point: str, *, token: bool = False) -> None:
     """Wait until every rank reaches ``point`` of ``step`` in this cycle, through the store.
 
     Ranks may arrive up to WORLD's timeout apart; three store operations per rank
-    (``rendezvous.sync``). A missing rank is named in the error, after WORLD's timeout.
+    (``rounds.sync``). A missing rank is named in the error, after WORLD's timeout.
     ``token``: every rank also reads the step's fresh token (``token()``).
     """
     holder = process.current()
     key = holder.key(step, "sync", point)
-    fresh = rendezvous.sync(
+    fresh = rounds.sync(
         base_store(),
         key,
         global_rank(),
@@ -138,7 +139,7 @@ def agree(step: str, point: str, payload: bytes, merge: Any) -> bytes:
     first = step == "destroy"  # every rank has finished the cycle before once this round ends
     written, marked = _take(holder) if first else ([], [])
     try:
-        holder.rounds.token, merged = rendezvous.agree(
+        holder.rounds.token, merged = rounds.agree(
             base_store(),
             key,
             global_rank(),
@@ -168,7 +169,7 @@ STORE_HOST = 0
 def agreed_outcome() -> Iterator[None]:
     """Around what every rank decides from the last round's result: an error raised there is
     raised alike on every rank, so the store's host first waits until every rank has read that
-    result (``rendezvous.settle``; bounded by WORLD's timeout), and its exit right after
+    result (``failures.settle``; bounded by WORLD's timeout), and its exit right after
     cannot take the result away from a peer. Nothing is added while no error is raised."""
     try:
         yield
@@ -176,7 +177,7 @@ def agreed_outcome() -> Iterator[None]:
         last = process.current().rounds.last
         if last is not None:
             rank = global_rank()
-            rendezvous.settle(
+            failures.settle(
                 last[0],
                 last[1],
                 rank,
@@ -210,15 +211,15 @@ def _take(holder: process.ProcessState) -> tuple[list[tuple[Any, str]], list[str
 
 def _tidy(holder: process.ProcessState, written: list[tuple[Any, str]], marked: list[str]) -> None:
     """Delete what this rank's creations wrote in the cycles before: every rank has finished
-    them (``leftovers``). Nothing is listed or deleted after a cycle that created nothing,
+    them (``sweep``). Nothing is listed or deleted after a cycle that created nothing,
     but once per world, at its first destroy, WORLD's rank 0 sweeps the keys of ours that an
     earlier world on the same store left (one that crashed)."""
     for store, key in written:
-        leftovers.delete(store, key)
+        sweep.delete(store, key)
     if marked:
-        leftovers.sweep_marked(base_store(), marked)
+        sweep.sweep_marked(base_store(), marked)
     if holder.cycle == 1 and global_rank() == 0:
-        leftovers.sweep(base_store(), holder.cycle)
+        sweep.sweep(base_store(), holder.cycle)
 
 
 def _round_done(holder: process.ProcessState, key: str) -> str | None:
@@ -229,7 +230,7 @@ def _round_done(holder: process.ProcessState, key: str) -> str | None:
     the store holds at most one result key of ours at a time, whatever the number of cycles.
     """
     last = holder.rounds.last
-    holder.rounds.last = (base_store(), rendezvous.done_key(key), world_size())
+    holder.rounds.last = (base_store(), rounds.done_key(key), world_size())
     return last[1] if last is not None else None
 
 
@@ -240,7 +241,7 @@ def tidy() -> None:
     rank, the last to arrive, already returned), so no rank deletes it on its own: each counts
     itself out, one ``add``, and the one that makes the count WORLD's size deletes the result
     and the count, every rank having read it by then. A rank that never ends (it died) leaves
-    both, and the next world's sweep (``leftovers``) clears them.
+    both, and the next world's sweep (``sweep``) clears them.
     """
     rounds = process.current().rounds
     last, rounds.last = rounds.last, None
@@ -254,4 +255,4 @@ def tidy() -> None:
         logger.debug("could not count out of %r: %s", key, error)
         return
     if ended == ranks:
-        rendezvous.tidy(store, key, f"{key}/ended")
+        entries.tidy(store, key, f"{key}/ended")

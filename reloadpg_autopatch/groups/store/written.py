@@ -8,7 +8,7 @@ rank deleted them all, it would list the store and delete about one key per memb
 group of the world: O(N) work on one rank at every destroy (80,000 deletes at 4,096 ranks with
 20 groups each). Instead, every creation the package makes goes through a ``Recording`` store,
 which writes under the creation's prefix and notes each key this rank wrote
-(``participants.wrote``); at the next cycle's first round, when every rank has finished the
+(``channel.wrote``); at the next cycle's first round, when every rank has finished the
 cycle before, each rank deletes the keys it wrote: its own share, proportional to the groups
 it is a member of.
 
@@ -17,7 +17,7 @@ the group was created with, which the package does not hand it. For gloo the key
 (its reconfigure namespaces them under ``reconfigure/<uuid>``: the new rank 0 claims the uuid
 in ``claimed`` and every member publishes its address as ``<context>/<rank>``): each member
 notes its own. For any other backend the rebuild is marked, and the member of rank 0 deletes
-what holds the mark after one listing of the store per cycle (``leftovers.sweep_marked``).
+what holds the mark after one listing of the store per cycle (``sweep.sweep_marked``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import participants
-from .backends import device_backends
+from ..backends import device_backends
+from . import channel
 
 
 class Recording(dist.Store):
@@ -36,7 +36,7 @@ class Recording(dist.Store):
 
     torch hands the store of a creation to C++ (gloo, NCCL), which calls back through torch's
     trampoline for Python stores. ``target`` is the world's store as the rounds use it
-    (``participants.base_store``): one that can delete, even over a Python store of the program.
+    (``channel.base_store``): one that can delete, even over a Python store of the program.
     ``prefix`` is set anew at each step that creates (``recording``).
     """
 
@@ -47,7 +47,7 @@ class Recording(dist.Store):
 
     def _wrote(self, key: str) -> str:
         full = self.prefix + key
-        participants.wrote(self.target, full)
+        channel.wrote(self.target, full)
         return full
 
     def set(self, key: str, value: Any) -> None:
@@ -108,7 +108,7 @@ def recording(role: str, prefix: str) -> Recording:
     rank can meet it in a rendezvous of torch's after that step, so the members of a
     rendezvous always agree on the prefix.
     """
-    target = participants.base_store()
+    target = channel.base_store()
     store = _KEPT.get((id(target), role))
     if store is None or store.target is not target:
         store = _KEPT[(id(target), role)] = Recording(target, prefix)
@@ -142,11 +142,11 @@ def reconfigured(group: Any, store: Any, uuid: int) -> None:
         contexts = _gloo_contexts(backend)
         if contexts is None:
             if rank == 0:
-                participants.mark(f"reconfigure/{uuid}/")
+                channel.mark(f"reconfigure/{uuid}/")
             continue
         # torch gives each backend a store under its device's name; gloo's, which may also
         # serve cuda, is made for cpu, which it always serves.
         own = dist.PrefixStore("cpu/", store)
         keys = [GLOO_ADDRESS.format(uuid=uuid, context=c, rank=rank) for c in range(contexts)]
         for key in keys + ([GLOO_CLAIM.format(uuid=uuid)] if rank == 0 else []):
-            participants.wrote(own, key)
+            channel.wrote(own, key)

@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from ..errors import PeerMissingError, format_ranks
-from . import entries, stalled
+from ...errors import PeerMissingError
+from . import entries, failures, stalled
 
 logger = logging.getLogger("reloadpg_autopatch")
 
-__all__ = ["RendezvousError", "agree", "done_key", "exchange", "settle", "sync", "tidy"]
+__all__ = ["RendezvousError", "agree", "done_key", "exchange", "sync"]
 
 Payload = bytes | str
 Timeout = timedelta | float
@@ -43,70 +42,13 @@ Timeout = timedelta | float
 #: What a step that did not complete raises (a rank missing, or the store gone).
 RendezvousError = PeerMissingError
 
-#: ``process.ProcessState.key`` puts the cycle and the step's number first.
-_CYCLE = re.compile(r"^reloadpg_autopatch/(\d+)/(\d+)/")
-
 
 def _timedelta(timeout: Timeout) -> timedelta:
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
 
 
-def _cycle_of(key: str, cycle: str | None) -> str:
-    if cycle is not None:
-        return cycle
-    found = _CYCLE.match(key)
-    return f"cycle {found[1]}, step {found[2]}" if found else f"key {key!r}"
-
-
 def _bytes(payload: Payload) -> bytes:
     return payload.encode() if isinstance(payload, str) else bytes(payload)
-
-
-def _failure(
-    store: Any,
-    error: BaseException,
-    *,
-    step: str,
-    key: str,
-    cycle: str | None,
-    rank: int,
-    world_size: int,
-    timeout: timedelta,
-    started: float,
-    arrived: bool = False,
-) -> RendezvousError:
-    """The error to raise when a store call failed during ``step``.
-
-    ``arrived``: this rank had published and counted itself in; a store gone then left with its
-    host after that, which is what the error says (no rank that arrived is blamed).
-    """
-    elapsed = time.monotonic() - started
-    where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
-    missing = entries.missing(store, f"{key}/arrived", f"{key}/done", world_size)
-    if missing is None and arrived:
-        message = (
-            f"{where}: the store is unreachable after {elapsed:.1f} s: its host (rank 0, where "
-            "torch's rendezvous puts it) left after this rank had arrived, before this rank "
-            "read the step's outcome; no rank is known to be missing: the host's own error, in "
-            f"its log, is the cause ({error})"
-        )
-        missing = []
-    elif missing is None:
-        message = (
-            f"{where}: the store is unreachable after {elapsed:.1f} s (the rank hosting it, "
-            f"usually rank 0, may have died): {error}"
-        )
-        missing = []
-    elif missing:
-        message = (
-            f"{where}: {len(missing)} rank(s) did not arrive within {timeout.total_seconds():g} s "
-            f"(waited {elapsed:.1f} s): ranks {format_ranks(missing)}; every rank must call it "
-            "at the same point of its program"
-        )
-    else:
-        message = f"{where}: the store failed after {elapsed:.1f} s: {error}"
-    logger.error("%s", message)
-    return PeerMissingError(message, missing, step)
 
 
 #: Characters of a round's token (``_fresh_token``).
@@ -120,15 +62,6 @@ def _fresh_token() -> bytes:
 def done_key(key: str) -> str:
     """The key a round under ``key`` publishes its result in (``previous`` of the next round)."""
     return f"{key}/done"
-
-
-def tidy(store: Any, *keys: str) -> None:
-    """Delete keys nobody reads any more; a store that cannot only keeps them."""
-    for key in keys:
-        try:
-            store.delete_key(key)
-        except Exception as error:  # the step itself succeeded: never fail it for this
-            logger.debug("could not delete store key %r: %s", key, error)
 
 
 def _round(
@@ -181,7 +114,7 @@ def _round(
                     )
                 store.set(done, fresh + _bytes(combine([found[r] for r in range(world_size)])))
             # Every rank has counted in: nobody writes these again, nor reads the last result.
-            tidy(store, arrived, count, *stale)
+            entries.tidy(store, arrived, count, *stale)
         wakes = combine is not None or token  # its ranks read the result, so FAILED wakes them
         try:
             store.wait([done], wait_for)
@@ -194,10 +127,10 @@ def _round(
         if result == stalled.FAILED:  # another rank timed out and ended the round
             raise stalled.Stalled()
         if acknowledge and store.add(f"{key}/read", 1) == world_size:
-            tidy(store, done, f"{key}/read")  # every rank has read it
+            entries.tidy(store, done, f"{key}/read")  # every rank has read it
         return result
     except stalled.Stalled as error:
-        where = f"{step} ({_cycle_of(key, cycle)}, rank {rank} of {world_size})"
+        where = f"{step} ({failures.cycle_of(key, cycle)}, rank {rank} of {world_size})"
         try:
             failure = stalled.failure(
                 store,
@@ -211,7 +144,7 @@ def _round(
                 started=started,
             )
         except Exception as gone:  # the store went away meanwhile
-            failure = _failure(
+            failure = failures.failure(
                 store,
                 gone,
                 step=step,
@@ -225,7 +158,7 @@ def _round(
             )
         raise failure from error
     except Exception as error:
-        raise _failure(
+        raise failures.failure(
             store,
             error,
             step=step,
@@ -237,32 +170,6 @@ def _round(
             started=started,
             arrived=counted,
         ) from error
-
-
-def settle(
-    store: Any, key: str, rank: int, world_size: int, *, timeout: Timeout, host: bool
-) -> None:
-    """On an agreed error only: every rank has read the result under ``key`` before the
-    store's host leaves.
-
-    A rank raising the error every rank agreed on may exit at once (an uncaught exception):
-    if that rank hosts the store, a peer that had not yet read the result would find the
-    store gone and learn nothing of the agreed error. So every rank counts itself as having
-    read it (an ``add``; the last one also a ``set``), and the host waits for all of them,
-    at most ``timeout``, then deletes the two keys. Never on the happy path, which keeps its
-    store operations; a store that fails here only costs the wait, never the agreed error.
-    """
-    read, everyone = f"{key}/read", f"{key}/read by all"
-    try:
-        if store.add(read, 1) == world_size:
-            store.set(everyone, b"1")
-        if host:
-            store.wait([everyone], _timedelta(timeout))
-            tidy(store, read, everyone)
-    except Exception as error:
-        logger.warning(
-            "rank %d: not every rank confirmed reading the result of %r: %s", rank, key, error
-        )
 
 
 def sync(

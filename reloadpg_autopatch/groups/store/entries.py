@@ -1,6 +1,6 @@
 """How a store round lays out its entries: every rank's in one key, a read in one round trip.
 
-Torch-free, as ``rendezvous`` is: a round appends each rank's entry to one key (``entry``), the
+Torch-free, as ``rounds`` is: a round appends each rank's entry to one key (``entry``), the
 last arriver reads them back in one value (``entries``, through ``read``), and an exchange packs
 every entry into one result (``pack``/``unpack``). On the error path, ``missing`` names the
 ranks whose entry never came.
@@ -8,7 +8,10 @@ ranks whose entry never came.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger("reloadpg_autopatch")
 
 #: The value ``read`` compares against: whatever a key holds, ``compare_set`` then returns it.
 ANY = b"\x00reloadpg_autopatch: read\x00"
@@ -61,3 +64,12 @@ def unpack(blob: bytes) -> list[bytes]:
         out.append(blob[at + 8 : at + 8 + size])
         at += 8 + size
     return out
+
+
+def tidy(store: Any, *keys: str) -> None:
+    """Delete keys nobody reads any more; a store that cannot only keeps them."""
+    for key in keys:
+        try:
+            store.delete_key(key)
+        except Exception as error:  # the step itself succeeded: never fail it for this
+            logger.debug("could not delete store key %r: %s", key, error)
