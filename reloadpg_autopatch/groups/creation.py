@@ -21,7 +21,6 @@ from . import frees, guard, mode, names, policy, process, registry, splits, ways
 from .record import State
 from .recreation import new_group_signature
 from .stepping import threaded_world
-from .ways.suspend import capability, leave_awake
 from .ways.wrapper import WRAPPER, ReloadableProcessGroup
 from .world import settings_round
 from .world.end import check_world
@@ -89,10 +88,10 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     with holder.lock:
         registry.belong_to(c10d._world.default_pg)
     if type(native) is _Native:
-        if ask and not capability(native).suspends:
+        if ask and ways.declined(native):
             # The rule's answer stands: it stays torch's, ours to leave alone (and named at
             # the destroy's agreement, in case a peer's answer differs).
-            return leave_awake(native)
+            return native
         try:
             way = ways.choose(native, world_swaps=needs_swap())
         except RuntimeError:  # refused by the mode (or torch would not say): nothing leaks
@@ -100,7 +99,7 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
                 frees.destroy(native, f"group {str(native.group_name)!r} (refused)")
             raise
         if way is None:
-            return leave_awake(native)  # a CPU group in suspend mode: it stays awake
+            return ways.left_alone(native)  # a CPU group in suspend mode: it stays awake
         record = registry.add(args, kwargs, str(native.group_name), State.LIVE, way)
         record.native = native
         if way.torch_object:

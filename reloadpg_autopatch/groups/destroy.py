@@ -51,7 +51,7 @@ IN_PLACE = frozenset({DestroyStep.SUSPEND, DestroyStep.GUARD, DestroyStep.KEEP_R
 
 def facts(record: Record, run: DestroyRun) -> DestroyFacts:
     """What the destroy's decision looks at for ``record``."""
-    verdict = run.verdicts.get(str(record.name)) if record.way.suspends else None
+    verdict = record.way.verdict(record, run)
     shared = common.STEPS.get(run.shared.get(str(record.name), ""))
     return DestroyFacts(record.state, record.way, binding.abandoned(record), verdict, shared)
 
@@ -80,7 +80,6 @@ def _agree(run: DestroyRun) -> None:
     run.agreed = agreement.exchange(answers)
     with channel.agreed_outcome():
         _refuse_failed_releases(run.agreed)
-        run.verdicts = run.agreed.verdicts()
         for check in {type(way).after_destroy_agreement for way in ways.registered()}:
             check(run)
         common.settle(run)

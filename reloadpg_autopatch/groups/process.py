@@ -13,8 +13,8 @@ writes it, so a reader knows where each value changes:
   ``store.channel``;
 - ``pools``: the backends a reloadable group handed out and the pools registered again:
   written by ``pools``;
-- ``left_awake``: groups this rank left awake while a peer may suspend them: written by the
-  suspend way.
+- ``ways``: what each way keeps for this process, in a slot of its own: written by the ways
+  (and emptied by the ``world`` package when a world ends).
 
 ``PHASES`` lists every phase change allowed and ``ProcessState.move`` refuses the others, as
 ``Record.move`` does for a record. A forked child inherits the parent's memory but never its
@@ -196,9 +196,9 @@ class ProcessState:
         self.records = Records()
         self.rounds = Rounds()
         self.pools = Pools()
-        #: Groups asked whether they can suspend that this rank left torch's own and awake:
-        #: named at every destroy's agreement (the suspend way writes it).
-        self.left_awake: set[str] = set()
+        #: What each way keeps for this process, in a slot of its own (the suspend way: the
+        #: groups this rank left awake, ``ways.suspend.awake``); a new world starts without.
+        self.ways: dict[str, Any] = {}
 
     def move(self, to: Phase) -> None:
         """Change phase; a change ``PHASES`` does not list raises ``TransitionError``."""

@@ -13,7 +13,6 @@ from typing import Any
 
 from ..errors import GroupBrokenError
 from .agreement import DestroyAnswers, ReloadAnswers
-from .decisions import Verdict
 from .report import StepReport
 from .store import channel
 
@@ -27,13 +26,9 @@ class DestroyRun:
     first: bool = True
     #: What the ranks agreed (None: a destroy while asleep asks nobody).
     agreed: DestroyAnswers | None = None
-    #: Each asked group's verdict, from ``agreed``.
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
     #: The common way of each group whose members would take different ways
     #: (``ways.common``).
     shared: dict[str, str] = field(default_factory=dict)
-    #: Seconds one suspend may take before the watchdog ends the process (read once a step).
-    suspend_seconds: float | None = None
     #: Names of the groups whose communicator was freed, in the order they were.
     destroyed: list[str] = field(default_factory=list)
     #: Groups whose suspend raised: ``(name, error)``.
@@ -42,6 +37,9 @@ class DestroyRun:
     stuck: BaseException | None = None
     #: What borrowed a communicator, released before anything was freed (``releases``).
     releases: list[Any] = field(default_factory=list)
+    #: What each way keeps for the length of this step, by its name (suspend's verdicts and
+    #: watchdog timeout: ``ways.suspend``).
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -50,7 +48,6 @@ class ReloadRun:
 
     part: StepReport = field(default_factory=StepReport)
     agreed: ReloadAnswers = field(default_factory=ReloadAnswers)
-    suspend_seconds: float | None = None
     #: Whether WORLD's restore (its swap back) tore down every group torch knew.
     restored: bool = False
     #: The groups rebuilt or resumed, in order, for the after-reload hooks.
@@ -63,6 +60,8 @@ class ReloadRun:
     )
     #: Suspended groups whose resume raised.
     failures: list[tuple[str, BaseException]] = field(default_factory=list)
+    #: What each way keeps for the length of this step, by its name.
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 def broken(failures: list[tuple[str, BaseException]], action: str, step: str) -> GroupBrokenError:

@@ -20,15 +20,14 @@ from reloadpg_autopatch.groups.decisions import (
     DestroyStep,
     ReloadFacts,
     ReloadStep,
-    Reports,
     destroy_step,
     reload_step,
-    sleep_verdict,
 )
-from reloadpg_autopatch.groups.decisions import Verdict as Sleep
 from reloadpg_autopatch.groups.process import PHASES, Phase, ProcessState
 from reloadpg_autopatch.groups.record import TRANSITIONS, State, TransitionError
 from reloadpg_autopatch.groups.ways import Builtin as Way
+from reloadpg_autopatch.groups.ways.suspend.verdicts import Reports, sleep_verdict
+from reloadpg_autopatch.groups.ways.suspend.verdicts import Verdict as Sleep
 
 # ---- the expected tables, written from the documented behaviour ---------------------------
 

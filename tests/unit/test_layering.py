@@ -304,7 +304,7 @@ WRITERS = {
     "records": ("registry",),
     "pools": ("pools",),
     "world": ("world",),
-    "left_awake": ("ways.suspend.way",),
+    "ways": ("ways", "world"),
     # the cycle and its phase: the holder's own fields
     "phase": ("stepping",),
     "cycle": ("stepping",),
@@ -318,7 +318,7 @@ WRITERS = {
 
 
 #: The holder's parts that are objects of their own (the others are the holder's fields).
-_PARTS = ("rounds", "records", "pools", "world", "left_awake")
+_PARTS = ("rounds", "records", "pools", "world", "ways")
 #: Calls that change the container they are called on.
 _MUTATORS = {"add", "append", "insert", "pop", "clear", "update", "remove", "discard", "extend"}
 
@@ -339,7 +339,7 @@ def _holder_chain(node: ast.expr, aliases: dict[str, str]) -> str | None:
         base = "holder"  # process.current().X
     if base is None or not chain:
         return None
-    if chain[0] in _PARTS and (len(chain) >= 2 or chain[0] == "left_awake"):
+    if chain[0] in _PARTS and (len(chain) >= 2 or chain[0] == "ways"):
         return chain[0]
     if len(chain) == 1 and base in ("holder", "self", "fresh") and chain[0] in WRITERS:
         return chain[0]
@@ -414,7 +414,7 @@ def test_the_writer_finder_finds_each_kind_of_write(tmp_path: Path) -> None:
     for line, part in (
         ("holder.records.all = []", "records"),
         ("holder.records.index[0] = None", "records"),
-        ("holder.left_awake.add('x')", "left_awake"),
+        ("holder.ways['x'] = set()", "ways"),
         ("process.current().cycle += 1", "cycle"),
         ("process.current().rounds.token = 't'", "rounds"),
         ("holder.world.registration = None", "world"),

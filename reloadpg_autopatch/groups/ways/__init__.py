@@ -21,6 +21,7 @@ from .. import mode as modes
 from .base import Way, missing_steps
 from .inplace import IN_PLACE, InPlace
 from .suspend import SUSPEND, SUSPEND_WRAPPED, Suspend, SuspendWrapped, torch_has_pre_hooks
+from .suspend import awake as suspend_awake
 from .wrapper import WRAPPER, Wrapper
 
 __all__ = [
@@ -81,6 +82,18 @@ class Builtin(metaclass=_Ways):
     IN_PLACE = IN_PLACE
     SUSPEND = SUSPEND
     SUSPEND_WRAPPED = SUSPEND_WRAPPED
+
+
+def declined(native: Any) -> bool:
+    """Whether a group the wrap policy left torch's own stays so, awake: the way that may take
+    such a group (suspend) cannot take it on this rank (then it names it to its peers)."""
+    return suspend_awake.decline(native)
+
+
+def left_alone(native: Any) -> Any:
+    """A new group no way takes here (``choose`` said None): torch's own and awake, named to
+    its peers at every destroy, in case one of them would have it sleep."""
+    return suspend_awake.leave_awake(native)
 
 
 def register(way: Way, *, mode: str | None = None) -> Way:

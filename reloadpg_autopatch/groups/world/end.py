@@ -18,7 +18,6 @@ from ..record import State
 from ..runs import ReloadRun
 from ..stepping import begin_world, nothing_to_do, threaded_world
 from ..store import channel
-from ..ways.suspend.way import forget_left_awake
 from ..ways.wrapper import binding
 from . import settings_round
 
@@ -62,7 +61,7 @@ def end_world() -> None:
         channel.tidy()
         _forget(holder)
         registry.belong_to(None, again=True)
-        forget_left_awake()
+        holder.ways = {}  # what each way kept belonged to the world that ended
         begin_world(holder)
 
 
