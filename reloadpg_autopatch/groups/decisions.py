@@ -74,8 +74,9 @@ class ReloadFacts(NamedTuple):
     peers_in_place: bool
     #: A member released it although it reloads in place (it cannot be rebuilt).
     released_by_a_member: bool
-    #: WORLD was restored by this reload, which tore down every group torch knew.
-    world_restored: bool
+    #: Every group torch knew was torn down by this reload before this record's turn (WORLD's
+    #: restore: ``world``), so a group made while asleep has no communicator any more.
+    torn_down: bool
 
 
 class ReloadStep(enum.Enum):

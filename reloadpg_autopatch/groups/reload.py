@@ -55,7 +55,7 @@ class _Agreed:
         self.released_in_place = set(answers.released_in_place)
 
 
-def facts(record: Record, agreed: _Agreed, world_restored: bool) -> ReloadFacts:
+def facts(record: Record, agreed: _Agreed, torn_down: bool) -> ReloadFacts:
     """What the reload's decision looks at for ``record``."""
     return ReloadFacts(
         state=record.state,
@@ -64,7 +64,7 @@ def facts(record: Record, agreed: _Agreed, world_restored: bool) -> ReloadFacts:
         needed=record.name in agreed.held,
         peers_in_place=record.name in agreed.in_place,
         released_by_a_member=record.name in agreed.released_in_place,
-        world_restored=world_restored,
+        torn_down=torn_down,
     )
 
 
@@ -177,7 +177,7 @@ def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
     prefix = holder.key("reload", "groups", channel.token()) + "/"
     creations = written.recording("groups", prefix)
     for record in list(registry.records()):
-        step = reload_step(facts(record, agreed, run.restored))
+        step = reload_step(facts(record, agreed, run.torn_down))
         begun = time.perf_counter()
         with run.part.phase(record.way.phase(step)):
             if step in CREATES:

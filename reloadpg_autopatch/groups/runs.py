@@ -48,8 +48,8 @@ class ReloadRun:
 
     part: StepReport = field(default_factory=StepReport)
     agreed: ReloadAnswers = field(default_factory=ReloadAnswers)
-    #: Whether WORLD's restore (its swap back) tore down every group torch knew.
-    restored: bool = False
+    #: Whether this reload tore down every group torch knew (WORLD's restore: ``world``).
+    torn_down: bool = False
     #: The groups rebuilt or resumed, in order, for the after-reload hooks.
     rebuilt: list[Any] = field(default_factory=list)
     #: Native groups created only to take part, freed once every rank has created them.

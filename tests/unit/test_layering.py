@@ -252,10 +252,12 @@ def test_the_lifecycles_layers_run_one_way() -> None:
 
 
 #: What says a branch special-cases WORLD: its name, torch's default group, the registration,
-#: WORLD's ways (``WorldSwap`` ...) and their module.
+#: WORLD's ways (``WorldSwap`` ...) and their module, and WORLD's facts by every name they had
+#: or have (whether it swaps, was restored, tears every group down; its native group).
 _WORLD_WORDS = re.compile(
-    r"\bWORLD\b|is_world|default_pg|_get_default_group|stand_in|registr"
-    r"|\bWorld[A-Z]\w*|world_ways|world\.ways"
+    r"\bWORLD\b|is_world|default_pg|_get_default_group|default_group|stand_in|registr"
+    r"|\bWorld[A-Z]\w*|world_ways|world\.ways|world_swaps|world_restored|needs_swap"
+    r"|swaps_next|destroys_every_group|native_world|end_world"
 )
 
 
@@ -282,7 +284,9 @@ def _world_branches(path: Path) -> list[str]:
 
 
 def test_no_module_outside_groups_world_has_a_world_branch() -> None:
+    """Not in the lifecycle, nor in the patching: WORLD's facts are asked of ``groups/world``."""
     outside = [p for n, p in _groups_modules().items() if not n.startswith(f"{GROUPS}.world")]
+    outside += sorted((PACKAGE / "patching").rglob("*.py"))
     assert [b for path in outside for b in _world_branches(path)] == []
 
 
@@ -293,6 +297,10 @@ def test_the_world_branch_finder_finds_one(tmp_path: Path) -> None:
         "isinstance(record.way, world_ways.WorldSwap)",
         "group is dist.GroupMember.WORLD",
         "holder.world.registration is not None",
+        "world_swaps",
+        "facts.world_restored",
+        "native is not lifecycle.native_world()",
+        "needs_swap()",
     ):
         sample.write_text(f"def f(record):\n    if {test}:\n        return 1\n")
         assert _world_branches(sample) == [f"sample.py:2: {test}"]

@@ -151,22 +151,23 @@ def candidates_for(group: Any) -> list[Way]:
     return candidates
 
 
-def choose(group: Any, *, world_swaps: bool) -> Way | None:
+def choose(group: Any, *, refuse: Callable[[Way], str | None] | None = None) -> Way | None:
     """The way of a new member's group, per the mode in force; None: left alone, awake.
 
-    ``world_swaps``: WORLD is swapped on destroy, which destroys every group torch knows, so
-    only a group behind a wrapper survives it. A mode with one way refuses a group that way
-    cannot take (``ModeRefusedError``, naming why), except a group that way leaves awake.
+    ``refuse``: why the world around the group refuses a way (a WORLD swapped at every destroy
+    leaves only ``makes_anew`` ways: ``world.facts.choose_group_way``). A mode with one way
+    refuses a group that way cannot take (``ModeRefusedError``, naming why), except a group
+    that way leaves awake.
     """
     candidates = candidates_for(group)
     for way in candidates:
-        refusal = way.refusal(group, world_swaps=world_swaps)
+        refusal = way.refusal(group) or (refuse(way) if refuse is not None else None)
         if refusal is None:
             return way
         if len(candidates) == 1:
             if way.stays_awake(group):
                 return None
-            raise way.strict_error(_name(group), refusal, world_swaps)
+            raise way.strict_error(_name(group), refusal)
     return WRAPPER
 
 
@@ -179,7 +180,7 @@ def explain(group: Any, backend: str) -> tuple[str, str | None]:
     candidates = candidates_for(group)
     refused: list[tuple[Way, str]] = []
     for way in candidates:
-        refusal = way.refusal(group, world_swaps=False)
+        refusal = way.refusal(group)
         if refusal is None:
             text = way.explain()
             for other, why in reversed(refused):

@@ -105,13 +105,6 @@ def rebuild(group: Any, name: str, timeout: timedelta | None) -> None:
     written.reconfigured(group, c10d._world.pg_map[group][1], uuid)
 
 
-#: Why no group reloads in place while WORLD is swapped.
-WORLD_SWAPS = (
-    "WORLD is registered and swapped for a temporary WORLD on destroy, which destroys every "
-    "group; register WORLD in native mode too"
-)
-
-
 class InPlace(Way):
     """Torch's own group object, its communicator shut down and reconfigured (torch 2.14)."""
 
@@ -119,13 +112,10 @@ class InPlace(Way):
     torch_object: ClassVar[bool] = True
     in_place: ClassVar[bool] = True
 
-    def refusal(self, group: Any, *, world_swaps: bool) -> str | None:
-        refusal = in_place_refusal(group)
-        if refusal is None and world_swaps:
-            return WORLD_SWAPS
-        return refusal
+    def refusal(self, group: Any) -> str | None:
+        return in_place_refusal(group)
 
-    def strict_error(self, name: str, refusal: str, world_swaps: bool) -> ModeRefusedError:
+    def strict_error(self, name: str, refusal: str) -> ModeRefusedError:
         return ModeRefusedError(
             f"{MODE_ENV}=native (or set_reload_mode('native')) but group {name!r} cannot be "
             f"reloaded in place: {refusal}; use mode 'auto' to reload such groups behind a "
@@ -156,7 +146,7 @@ class InPlace(Way):
         return ReloadStep.REFUSE_RELEASED_HERE  # only a member reloads in place: released here
 
     def made_while_asleep_step(self, facts: ReloadFacts) -> ReloadStep:
-        return ReloadStep.REFUSE_TORN_DOWN if facts.world_restored else ReloadStep.NOTHING
+        return ReloadStep.REFUSE_TORN_DOWN if facts.torn_down else ReloadStep.NOTHING
 
     def creates_nothing(self, record: Record) -> bool:
         return True

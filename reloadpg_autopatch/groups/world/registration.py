@@ -22,7 +22,6 @@ from ...errors import RegistrationError, ReloadPGError
 from .. import backends, mode, names, process, registry
 from ..backends import component_names, device_backends, holds_accelerator_memory
 from ..record import State
-from ..store import channel
 from ..ways.wrapper import ReloadableProcessGroup
 from . import carry, settings_round, swap, ways
 from .end import check_world
@@ -236,14 +235,6 @@ def register_default_process_group(
     )
 
 
-def destroys_every_group() -> bool:
-    """Whether every group must be reloadable once WORLD is registered (slime's rule): a
-    destroy of WORLD tears down every group torch knows. A WORLD that suspends does not."""
-    world = channel.registration()
-    record = world.record if world is not None else None
-    return world is not None and not (record is not None and record.way.suspends)
-
-
 def _same_registration(
     world: Registration,
     timeout: timedelta | None,
@@ -269,9 +260,3 @@ def _same_registration(
         "WORLD once, right after init_process_group(); to change it, destroy WORLD "
         "(torch.distributed.destroy_process_group()) and start a new one"
     )
-
-
-def needs_swap() -> bool:
-    """Whether the next destroy replaces WORLD (registered, accelerator, not swapped yet)."""
-    world = channel.registration()
-    return world is not None and world.swap and not world.swapped

@@ -198,17 +198,8 @@ def make_default(stand_in: ReloadableProcessGroup) -> None:
     registry.belong_to(stand_in, again=True)
 
 
-def native_world() -> Any:
-    """The native group serving as WORLD now (behind the stand-in when WORLD is swapped or
-    suspended behind it)."""
-    default = c10d._world.default_pg
-    if isinstance(default, ReloadableProcessGroup):
-        return default.group if default.group is not None else default._record.native
-    return default
-
-
 def swap_out() -> None:
-    """Replace the accelerator WORLD with the temporary one (callers check ``needs_swap``)."""
+    """Replace the accelerator WORLD with the temporary one (callers check ``facts.needs_swap``)."""
     world = channel.registration()
     assert world is not None
     refresh_timeout(world)

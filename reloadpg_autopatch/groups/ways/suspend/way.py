@@ -41,12 +41,6 @@ from .capability import (
 from .guard import Sleep, guard_error, hook_off, hook_on, stats_of
 from .verdicts import Verdict
 
-#: Why no group suspends while WORLD is swapped.
-WORLD_SWAPS = (
-    "WORLD is registered and swapped for a temporary WORLD on destroy, which destroys every "
-    "group; register WORLD in suspend mode too"
-)
-
 
 class Suspend(Way):
     """Torch's own group, suspended in place and guarded by a pre-hook (torch 2.14)."""
@@ -57,18 +51,15 @@ class Suspend(Way):
 
     # ---- choosing ----
 
-    def refusal(self, group: Any, *, world_swaps: bool) -> str | None:
+    def refusal(self, group: Any) -> str | None:
         found = capability(group) if torch_can_suspend() else None
-        refusal = suspend_refusal(group, found)
-        if refusal is None and world_swaps:
-            return WORLD_SWAPS
-        return refusal
+        return suspend_refusal(group, found)
 
     def stays_awake(self, group: Any) -> bool:
         """A group on CPU backends only holds no accelerator memory: left alone, awake."""
         return torch_can_suspend() and capability(group).cpu_only
 
-    def strict_error(self, name: str, refusal: str, world_swaps: bool) -> ModeRefusedError:
+    def strict_error(self, name: str, refusal: str) -> ModeRefusedError:
         return ModeRefusedError(
             f"{MODE_ENV}=suspend (or set_reload_mode('suspend')) but group {name!r} cannot be "
             f"suspended in place: {refusal}; use mode 'auto' to reload such groups another way"

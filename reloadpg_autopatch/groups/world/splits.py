@@ -24,10 +24,10 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..errors import GroupSuspendedError
-from . import process, registry
-from .backends import serves_only_accelerators
-from .record import Record, State
+from ...errors import GroupSuspendedError
+from .. import process, registry
+from ..backends import serves_only_accelerators
+from ..record import Record, State
 
 
 def _record(group: Any) -> Record | None:
