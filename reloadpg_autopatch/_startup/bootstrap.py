@@ -20,6 +20,7 @@ from .._env import (
     LOG_LEVELS,
     MIN_FREE_ENV,
     MODE_ENV,
+    MODES_GROUP,
     OFF_VALUES,
     ON_VALUES,
     REBIND_ENV,
@@ -95,9 +96,23 @@ def log_level() -> str | None:
     return os.environ.get(LOG_ENV, "").strip().upper() or None
 
 
+def plugin_modes() -> list[str]:
+    """The modes installed distributions register (``_env.MODES_GROUP``): read only for a mode
+    that is none of the package's own (importlib.metadata reads every distribution)."""
+    try:
+        from importlib.metadata import entry_points
+
+        return sorted({point.name for point in entry_points(group=MODES_GROUP)})
+    except Exception:  # a broken distribution must not stop start-up: no plugin then
+        return []
+
+
 def reload_mode_problem() -> str | None:
     """What is wrong with ``SLIME_RELOADABLE_PG_MODE``, if anything (unset is fine)."""
-    return mode_problem(os.environ.get(MODE_ENV))
+    raw = os.environ.get(MODE_ENV)
+    if mode_problem(raw) is None:
+        return None
+    return mode_problem(raw, plugin_modes())
 
 
 def rebind_prefixes() -> str | None:
