@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -127,19 +126,17 @@ def _home(wrapper: Any, module: str) -> None:
     wrapper.__module__ = module
 
 
-def monkey_patch_torch_dist(rebind_prefixes: str | Iterable[str] | None = None) -> None:
-    """Patch ``torch.distributed`` once per process, then rebind stale references.
-
-    Safe to call any number of times: later calls only repeat the sweep. ``rebind_prefixes``
-    chooses the modules the sweep visits (default ``("megatron",)``; ``"*"`` for all).
-    """
-    patch(rebind_prefixes)
-
-
 def patch(
     rebind_prefixes: str | Iterable[str] | None = None, *, load_dynamo_table: bool = True
 ) -> None:
-    """``monkey_patch_torch_dist``; at start-up Dynamo's table is not imported just for us."""
+    """Patch ``torch.distributed`` once per process, then rebind stale references.
+
+    Safe to call any number of times: later calls only repeat the sweep. ``rebind_prefixes``
+    chooses the modules the sweep visits (default ``("megatron",)``; ``"*"`` for all). At
+    start-up Dynamo's table is not imported just for us. The public ``monkey_patch_torch_dist``
+    is this, then the adoption of the frameworks' modules loaded before it (``adoption``, the
+    layer above this one).
+    """
     prefixes = sweep.parse_prefixes(rebind_prefixes)
     with patchset.LOCK:
         if patchset.current() is None:
@@ -170,17 +167,3 @@ def patch(
     changed = sweep.rebind(prefixes)
     if changed:
         logger.info("rebound %d stale references to torch.distributed functions", len(changed))
-    _adopt_loaded()
-
-
-def _adopt_loaded() -> None:
-    """Adopt the frameworks' lifecycle modules imported before the patch (``adopt``)."""
-    names = _env.parse_adopt_modules(os.environ.get(_env.ADOPT_MODULES_ENV))[0]
-    if not any(name in sys.modules for name in names):
-        return  # the usual case at start-up: nothing to adopt, nothing more to import
-    from . import adopt
-
-    try:
-        adopt.adopt_loaded()
-    except Exception as error:  # the patch stands; the framework keeps its own lifecycle
-        logger.warning("adopting the frameworks' lifecycle modules failed: %s", error)

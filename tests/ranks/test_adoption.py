@@ -562,11 +562,13 @@ def _orders(ctx: Rank) -> dict[str, Any]:
     # torch.distributed was patched in the warm parent, with no framework module loaded: the
     # adoption, and the lifecycle it would bring, were left unloaded.
     out: dict[str, Any] = {
-        "loaded_at_start": [
+        "loaded_at_start": sorted(
             name
-            for name in ("reloadpg_autopatch.patching.adopt", "reloadpg_autopatch.groups.lifecycle")
-            if name in sys.modules
-        ]
+            for name in sys.modules
+            if name.startswith(
+                ("reloadpg_autopatch.adoption", "reloadpg_autopatch.groups.lifecycle")
+            )
+        )
     }
     import slime.utils.reloadable_process_group as first
 

@@ -20,7 +20,6 @@ SCRIPT_LIMIT = 400
 KNOWN_OVER = {
     "reloadpg_autopatch/tools/doctor.py": "issue 40's doctor split: facts per room, one renderer",
     "reloadpg_autopatch/groups/rendezvous.py": "issue 40's groups/store/ room",
-    "reloadpg_autopatch/patching/adopt.py": "issue 40's room of its own for adoption",
     "reloadpg_autopatch/groups/ways/suspend/way.py": "issue 40's suspend room, split by job",
     "reloadpg_autopatch/groups/watchdog.py": "a split by job, not assigned yet",
 }
