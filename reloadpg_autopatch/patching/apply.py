@@ -121,6 +121,15 @@ def _build(dist: types.ModuleType) -> patchset.PatchSet:
     return patchset.PatchSet(originals, wrappers, in_c10d, lifecycle & set(wrappers))
 
 
+def _teach_the_lifecycle() -> None:
+    """What torch's classes learn only when the lifecycle needs it: groups that keep torch's
+    own object copy as handles (``classes.copy_as_handle``), from the first one handed out."""
+    from ..groups import torch_class
+    from . import classes
+
+    torch_class.when_handed(classes.copy_as_handle)
+
+
 def _home(wrapper: Any, module: str) -> None:
     """Make ``module`` + ``__qualname__`` find ``wrapper`` (pickle looks functions up so)."""
     wrapper.__module__ = module
@@ -155,6 +164,7 @@ def patch(
             patchset.set_current(built)
             _originals.note_patched()
             install.guard_splits()
+            _teach_the_lifecycle()
             dynamo.register(built, load=load_dynamo_table)
             rebound = sweep.rebind_torch()
             logger.info(
