@@ -142,6 +142,7 @@ def patch_now() -> bool:
         from ..patching import apply, dynamo
 
         apply.patch(_valid_rebind_prefixes(), load_dynamo_table=False)
+        _adopt_loaded()
         if dynamo.MODULE not in sys.modules:
             from . import finder
 
@@ -226,9 +227,21 @@ def _adopt_on_import(module: object) -> None:
     """A framework's lifecycle module has executed: adopt it before anyone imports from it."""
     if "reloadpg_autopatch.patching.patchset" not in sys.modules:
         return  # not patched yet: the patch adopts every such module already loaded
-    from ..patching import adopt
+    from ..adoption import handling
 
-    adopt.on_import(module)
+    handling.on_import(module)
+
+
+def _adopt_loaded() -> None:
+    """The patch has landed: adopt the lifecycle modules imported before it. The adoption is
+    imported only where one is loaded (the patch usually lands inside ``import torch``, before
+    any framework module exists)."""
+    watched = parse_adopt_modules(os.environ.get(ADOPT_MODULES_ENV))[0]
+    if not any(name in sys.modules for name in watched):
+        return
+    from ..adoption import landing
+
+    landing.after_patch()
 
 
 def _watch_adoption() -> None:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ..errors import ReloadPGError
-from . import frees, guard, mode, names, policy, process, registry, ways
+from . import frees, guard, names, policy, process, registry, torch_class, ways
 from .record import State
 from .recreation import new_group_signature
 from .stepping import threaded_world
@@ -100,7 +100,7 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         record = registry.add(args, kwargs, str(native.group_name), State.LIVE, way)
         record.native = native
         if way.torch_object:
-            mode.copy_as_handle()
+            torch_class.handed()
             return native
         wrapper = ReloadableProcessGroup(native, None, _record=record)
         if guard.get_memory_guard().every_call:

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
-
-import torch.distributed as dist
 
 from .._env import MODE_ENV, MODES, MODES_GROUP, first_report, mode_problem
 from . import settings
@@ -90,25 +87,3 @@ def get_reload_mode() -> str:
     if problem is not None and first_report(MODE_ENV, raw):  # once, whoever read it first
         logger.warning("%s", problem)
     return "wrapper"
-
-
-def copy_as_handle() -> None:
-    """Make ``copy.copy``/``copy.deepcopy`` of a native group return the group itself.
-
-    When the program holds torch's own groups (in place, suspend), torch's class cannot be
-    copied (``cannot pickle ProcessGroup``); behind a wrapper a group is a handle, and copying it
-    gives the same group (Megatron deep-copies configs that hold groups). So once a group keeps
-    torch's own object, torch's class copies like the wrapper.
-    """
-    cls = dist.ProcessGroup
-    if "__copy__" not in cls.__dict__:
-        cls.__copy__ = _same  # type: ignore[attr-defined]
-        cls.__deepcopy__ = _same_deep  # type: ignore[attr-defined]
-
-
-def _same(self: Any) -> Any:
-    return self
-
-
-def _same_deep(self: Any, memo: dict[int, Any]) -> Any:
-    return self

@@ -23,9 +23,9 @@ class Mismatch(AssertionError):
 
 
 def _adoption() -> dict[str, Any]:
-    from ..patching import adopt
+    from ..adoption import seen as adoption
 
-    seen = [s for s in adopt.status()["seen"] if s["module"] == LIFECYCLE]
+    seen = [s for s in adoption.status()["seen"] if s["module"] == LIFECYCLE]
     if not seen:
         return {"adopted": [], "kept": "never imported"}
     return {"adopted": seen[0]["adopted"], "kept": seen[0]["kept"]}

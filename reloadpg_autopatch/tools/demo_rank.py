@@ -31,7 +31,8 @@ def _expect(label: str, got: Any, want: Any) -> None:
 
 def _activation() -> str:
     from .._startup import bootstrap
-    from ..patching import apply, patchset
+    from ..adoption import landing
+    from ..patching import patchset
 
     started_by_site = bootstrap.status()["source"] == "site"
     import torch.distributed  # noqa: F401 - with the .pth active, this is what patches
@@ -41,7 +42,7 @@ def _activation() -> str:
             raise RuntimeError("the .pth activated at start-up, but torch.distributed is unpatched")
         return "pth"
     # Not installed with its .pth in this interpreter: patch late and let the sweep work.
-    apply.monkey_patch_torch_dist()
+    landing.monkey_patch_torch_dist()
     return "late"
 
 

@@ -582,10 +582,10 @@ def _check_adoption(report: Report) -> None:
             for name in loaded
         ]
         return
+    from ..adoption import seen as adoption
     from ..groups import mode
-    from ..patching import adopt
 
-    status = adopt.status()
+    status = adoption.status()
     report.adoption["seen"] = status["seen"]
     seen = {entry["module"] for entry in status["seen"]}
     for name in loaded:
@@ -644,9 +644,9 @@ def _render_left_alone(report: Report) -> list[str]:
 def _lifecycle_callers(frameworks: set[str]) -> dict[str, dict[str, str]]:
     """Modules that hold a lifecycle name, and whose function each one is (ours or a
     framework's): the names an actor bound at import decide where its calls go."""
+    from ..adoption import adopted
     from ..groups import lifecycle
     from ..groups.world import registration as world
-    from ..patching import adopt
 
     ours = {
         id(f): f
@@ -654,7 +654,7 @@ def _lifecycle_callers(frameworks: set[str]) -> dict[str, dict[str, str]]:
             lifecycle.destroy_process_groups,
             lifecycle.reload_process_groups,
             world.register_default_process_group,
-            adopt.monkey_patch_torch_dist,
+            adopted.monkey_patch_torch_dist,
         )
     }
     out: dict[str, dict[str, str]] = {}

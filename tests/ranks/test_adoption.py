@@ -562,11 +562,13 @@ def _orders(ctx: Rank) -> dict[str, Any]:
     # torch.distributed was patched in the warm parent, with no framework module loaded: the
     # adoption, and the lifecycle it would bring, were left unloaded.
     out: dict[str, Any] = {
-        "loaded_at_start": [
+        "loaded_at_start": sorted(
             name
-            for name in ("reloadpg_autopatch.patching.adopt", "reloadpg_autopatch.groups.lifecycle")
-            if name in sys.modules
-        ]
+            for name in sys.modules
+            if name.startswith(
+                ("reloadpg_autopatch.adoption", "reloadpg_autopatch.groups.lifecycle")
+            )
+        )
     }
     import slime.utils.reloadable_process_group as first
 
@@ -617,6 +619,35 @@ def test_import_orders_and_a_module_the_variable_names() -> None:
         "forkrl": [True, True],
         "forkrl_calls": [],
     }
+
+
+def _before_torch(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    out: dict[str, Any] = {"torch_at_start": "torch.distributed" in sys.modules}
+    from forkrl import lazy  # finishes importing before torch.distributed, unpatched
+
+    out["unpatched_after_it"] = "reloadpg_autopatch.patching.patchset" not in sys.modules
+    import torch.distributed  # noqa: F401 - the gate's patch lands here
+
+    import reloadpg_autopatch as pkg
+
+    out["adopted"] = [
+        getattr(lazy, name) is getattr(pkg, name)
+        for name in ("destroy_process_groups", "reload_process_groups")
+    ]
+    return out
+
+
+def test_a_module_imported_before_torch_is_adopted_when_the_gates_patch_lands() -> None:
+    """Gate on: a fork's lifecycle module that imports torch only inside its functions is
+    imported first, before the patch exists; the gate's patch adopts it when it lands, on the
+    first ``import torch.distributed``. Spawned (``fresh=True``): the subject is a process
+    that has not imported torch yet, which a rank forked from the warm parent has."""
+    env = {**GATE, "SLIME_RELOADABLE_PG_ADOPT_MODULES": "forkrl.lazy"}
+    (out,) = run_ranks(_before_torch, 1, timeout=DEADLINE, env=env, fresh=True)
+    assert out == {"torch_at_start": False, "unpatched_after_it": True, "adopted": [True, True]}
 
 
 def _explicit(ctx: Rank) -> dict[str, Any]:

@@ -538,38 +538,66 @@ class _Holder:
         self.group = group
 
 
+def _copied(group: Any) -> list[bool] | str:
+    import copy
+
+    try:
+        return [
+            copy.copy(group) is group,
+            copy.deepcopy(group) is group,
+            copy.deepcopy(_Holder(group)).group is group,
+        ]
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+
+
 def _copies(ctx: Rank) -> dict:
     import copy
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered=True)
-    pair = dist.new_group([0, 1])
+    registered = os.environ.get("TEST_WORLD") != "unregistered"
+    dist = _begin(ctx, registered=registered)
     out = {}
-    for label, group in (("pair", pair), ("world", dist.group.WORLD)):
-        try:
-            out[label] = [
-                copy.copy(group) is group,
-                copy.deepcopy(group) is group,
-                copy.deepcopy(_Holder(group)).group is group,
-            ]
-        except Exception as error:
-            out[label] = f"{type(error).__name__}: {error}"
+    if registered:  # copied as a handle from its registration on, before any other group
+        out["world"] = _copied(dist.group.WORLD)
+    pair = dist.new_group([0, 1])
+    out["pair"] = _copied(pair)
+    if not registered:  # torch's own WORLD: as torch's class copies once a group keeps it
+        out["world"] = _copied(dist.group.WORLD)
     rpg.destroy_process_groups()
     rpg.reload_process_groups()
     out["sum"] = total(copy.deepcopy(_Holder(pair)).group, 1)
+    # Whether torch's own class was taught to copy as a handle: only once a group keeps
+    # torch's object, never behind wrappers alone.
+    out["taught"] = "__copy__" in vars(dist.ProcessGroup)
     return out
 
 
-@pytest.mark.parametrize("mode", ["wrapper", "native", "auto"])
-def test_copying_a_group_gives_the_group_in_every_mode(mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "world"),
+    [
+        ("wrapper", "registered"),
+        ("native", "registered"),
+        ("auto", "registered"),
+        ("native", "unregistered"),
+    ],
+    ids=["wrapper", "native", "auto", "native-world-unregistered"],
+)
+def test_copying_a_group_gives_the_group_in_every_mode(mode: str, world: str) -> None:
+    """Megatron deep-copies configs that hold groups: a copy is the group itself, whether a
+    wrapper or torch's own object (in place, where torch can: native, and auto on gloo). torch's
+    class is taught that where the program first holds torch's objects, at WORLD's registration
+    or, WORLD unregistered (torch's own), at the first group's creation; behind wrappers alone
+    it stays as torch made it."""
     if mode == "native" and not _reconfigures():
         pytest.skip("native mode needs torch 2.14's ProcessGroup.reconfigure")
-    env = {**GATE, "SLIME_RELOADABLE_PG_MODE": mode}
+    env = {**GATE, "SLIME_RELOADABLE_PG_MODE": mode, "TEST_WORLD": world}
     for report in run_ranks(_copies, 2, env=env):
         assert report["pair"] == [True, True, True], report
         assert report["world"] == [True, True, True], report
         assert report["sum"] == 2.0
+        assert report["taught"] is (mode != "wrapper" and _reconfigures()), report
 
 
 def _detail_refusal(ctx: Rank) -> dict:

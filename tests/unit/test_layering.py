@@ -55,7 +55,7 @@ def _imported_modules(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("layer", ["patching", "groups"])
+@pytest.mark.parametrize("layer", ["adoption", "patching", "groups"])
 def test_no_module_below_the_start_up_layer_imports_from_it(layer: str) -> None:
     offenders = {
         path.name: sorted(
@@ -173,9 +173,12 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 #: The layers, top first: a module may import its own layer and the layers below it only.
+#: Adoption sits above the patch: it uses the patch's guard generation and ``new_group`` and the
+#: lifecycle, and the start-up layer hands it the frameworks' modules.
 LAYERS = (
     ("reloadpg_autopatch.__main__", "reloadpg_autopatch.tools"),
     ("reloadpg_autopatch._startup",),
+    ("reloadpg_autopatch.adoption",),
     ("reloadpg_autopatch.patching",),
     ("reloadpg_autopatch.groups",),
     ("reloadpg_autopatch._env", "reloadpg_autopatch._originals", "reloadpg_autopatch.errors"),
@@ -187,6 +190,11 @@ def _layer(module: str) -> int | None:
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return rank
     return None  # the package itself: its __init__ imports nothing at the top
+
+
+def test_every_module_but_the_package_itself_sits_in_a_layer() -> None:
+    """A room ``LAYERS`` does not name would escape the one-way rule below."""
+    assert [name for name in sorted(_MODULES) if _layer(name) is None] == [PACKAGE.name]
 
 
 def test_imports_run_one_way_and_no_groups_module_imports_patching() -> None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ...errors import RegistrationError, ReloadPGError
-from .. import backends, mode, names, process, registry
+from .. import backends, names, process, registry, torch_class
 from ..backends import component_names, device_backends, holds_accelerator_memory
 from ..record import State
 from ..ways.wrapper import ReloadableProcessGroup
@@ -195,7 +195,7 @@ def register_default_process_group(
                 line,
             )
     if way is not None and way.torch_object:
-        mode.copy_as_handle()
+        torch_class.handed()
     world = Registration(
         backend=backend,
         timeout=timeout
