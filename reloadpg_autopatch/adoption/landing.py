@@ -8,7 +8,7 @@ lands, with the bindings other modules made of its names (``adopt_loaded``).
 
 The package's public ``monkey_patch_torch_dist`` is the patch (``patching.apply.patch``) and
 then this step, so it lives here, above both: the patching layer never imports the adoption.
-Start-up does the same (``_startup.bootstrap.patch_now``), importing this module only where such
+Start-up does the same (``_startup.landing.patch``), importing this module only where such
 a module is loaded. The rest of the adoption is imported only when a module is handed over.
 """
 

@@ -30,11 +30,11 @@ def _expect(label: str, got: Any, want: Any) -> None:
 
 
 def _activation() -> str:
-    from .._startup import bootstrap
+    from .. import _startup
     from ..adoption import landing
     from ..patching import patchset
 
-    started_by_site = bootstrap.status()["source"] == "site"
+    started_by_site = _startup.status()["source"] == "site"
     import torch.distributed  # noqa: F401 - with the .pth active, this is what patches
 
     if started_by_site:

@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, _env
+from .. import __version__, _env, _startup
 from .._env import excerpt
-from .._startup import bootstrap, pth
+from .._startup import problems as startup_problems
+from .._startup import pth
 
 
 @dataclass
@@ -182,7 +183,7 @@ def _check_install(report: Report) -> None:
 
 def _check_gate(report: Report) -> None:
     raw = os.environ.get(_env.GATE)
-    on, problem = bootstrap.gate_verdict(raw)
+    on, problem = _startup.gate_verdict(raw)
     verdict = "on" if on else ("invalid" if problem else "off")
     report.gate = {"variable": _env.GATE, "value": raw, "verdict": verdict}
     if problem:
@@ -228,10 +229,10 @@ def _check_gate(report: Report) -> None:
             report.problems.append(
                 f"{error}; auto mode uses the default, {_env.DEFAULT_SUSPEND_MIN_FREED:g}"
             )
-    mode_problem = bootstrap.reload_mode_problem()
+    mode_problem = startup_problems.reload_mode_problem()
     if mode_problem is not None:
         report.problems.append(mode_problem)
-    log_problem = bootstrap.log_level_problem()
+    log_problem = startup_problems.log_level_problem()
     if log_problem is not None:
         report.problems.append(log_problem)
     if rebind and rebind.strip():
@@ -291,7 +292,7 @@ def _check_torch(report: Report, imports: list[str]) -> None:
         return
     from ..patching import patchset
 
-    report.activation = bootstrap.status()
+    report.activation = _startup.status()
     patched = patchset.is_patched()
     report.torch = {
         "version": torch.__version__,
@@ -561,7 +562,7 @@ def _check_adoption(report: Report) -> None:
     raw = os.environ.get(_env.ADOPT_ENV)
     report.options[_env.ADOPT_ENV] = raw
     report.options[_env.ADOPT_MODULES_ENV] = os.environ.get(_env.ADOPT_MODULES_ENV)
-    report.problems.extend(bootstrap.adoption_problems())
+    report.problems.extend(startup_problems.adoption_problems())
     watched = _env.parse_adopt_modules(os.environ.get(_env.ADOPT_MODULES_ENV))[0]
     loaded = [name for name in watched if name in sys.modules]
     try:
@@ -717,7 +718,7 @@ def _render_adoption(report: Report) -> list[str]:
 def _torch_absent(report: Report) -> None:
     """No torch here: nothing to patch, which is healthy unless the gate asks for the patch."""
     report.torch["installed"] = False
-    report.activation = bootstrap.status()
+    report.activation = _startup.status()
     gate = report.gate
     if gate.get("verdict") == "on":
         report.problems.append(

@@ -100,7 +100,7 @@ def activation() -> dict[str, Any]:
     """Whether the ``.pth`` activated the package in this process (before torch is touched)."""
     try:
         import reloadpg_autopatch as rpg
-        from reloadpg_autopatch._startup import bootstrap
+        import reloadpg_autopatch._startup as bootstrap
     except Exception as error:
         return {"importable": False, "error": error_line(error), "activated": False}
     status = bootstrap.status()
