@@ -121,7 +121,7 @@ def activation() -> dict[str, Any]:
 def implementation_of(ctx: Ctx, group: Any, device: Any) -> dict[str, Any]:
     """Which implementation served ``group`` on ``device`` (the package's reading of what the
     backend answers), what was asked for, and the variable that chose what ``nccl`` means."""
-    from reloadpg_autopatch.groups import implementations
+    from reloadpg_autopatch.tools.doctor import implementations
 
     native = getattr(group, "group", None) or group  # behind the package's wrapper, if any
     try:

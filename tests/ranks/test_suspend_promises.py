@@ -142,17 +142,17 @@ def test_nccl_older_than_2_29_7_is_refused(version: tuple[int, ...], refused: bo
 def _doctor_suspend(monkeypatch: pytest.MonkeyPatch, world: Any) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from reloadpg_autopatch.groups import lifecycle, mode
-    from reloadpg_autopatch.tools import doctor
+    from reloadpg_autopatch.groups import lifecycle, mode, ways
+    from reloadpg_autopatch.tools.doctor import Report, gather
 
     monkeypatch.setattr(mode, "get_reload_mode", lambda: "suspend")
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "GroupMember", SimpleNamespace(WORLD=world))
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
     monkeypatch.setattr(lifecycle, "reloadable_groups", list)
-    monkeypatch.setattr(doctor, "_action", lambda *args: "suspend in place")
-    report = doctor.Report()
-    doctor._check_mode(report)
+    monkeypatch.setattr(ways, "explain", lambda *args: ("suspend in place", None))
+    report = Report()
+    gather.ways(report)
     return report.fidelity["suspend"]
 
 

@@ -66,17 +66,17 @@ def test_the_doctor_reports_bad_values_and_a_framework_module_left_unpatched(mon
     import sys
     import types
 
-    from reloadpg_autopatch.tools import doctor
+    from reloadpg_autopatch.tools.doctor import Report, gather, renderer
 
     monkeypatch.setenv(_env.ADOPT_ENV, "maybe")
     name = "slime.utils.reloadable_process_group"
     monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    report = doctor.Report()
-    doctor._check_adoption(report)
+    report = Report()
+    gather.adoption(report)
     assert any("'maybe'" in p for p in report.problems), report.problems
     assert report.adoption["seen"] == [
         {"module": name, "adopted": [], "kept": "torch.distributed is not patched here"}
     ]
-    text = "\n".join(doctor._render_adoption(report))
+    text = "\n".join(renderer.adoption(report))
     assert f"{_env.ADOPT_ENV}='maybe' -> not understood, so off" in text, text
     assert f"{name}: its own lifecycle (torch.distributed is not patched here)" in text, text

@@ -221,11 +221,12 @@ def test_imports_run_one_way_and_no_groups_module_imports_patching() -> None:
 
 GROUPS = "reloadpg_autopatch.groups"
 
-#: The lifecycle's layers, top first: the facade; the drivers and the steps on one group;
-#: WORLD (its registration, swap, end and ways); the ways; the cycle's machinery; below them
-#: every piece of bookkeeping (any groups/ module not named here).
+#: The lifecycle's layers, top first: the facade (and its facts for the doctor, which read the
+#: whole lifecycle); the drivers and the steps on one group; WORLD (its registration, swap, end
+#: and ways); the ways; the cycle's machinery; below them every piece of bookkeeping (any
+#: groups/ module not named here).
 GROUP_LAYERS = (
-    ("lifecycle",),
+    ("lifecycle", "facts"),
     ("creation", "destroy", "reload", "release", "unwrap"),
     ("world",),
     ("ways",),

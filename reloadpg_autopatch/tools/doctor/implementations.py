@@ -8,13 +8,14 @@ the process after that): on torch 2.14 only ``"1"`` selects nccl2; from torch 2.
 the default and only ``"0"`` selects the classic one (pytorch PR #192281). The behaviour the
 package meets differs by implementation (nccl2 splits every group from WORLD's at creation,
 the classic one makes lazy p2p communicators), so the doctor and ``scripts/gpu_smoke.py`` say
-which one ran. Nothing chooses a way from this: the ways ask the backend what it can do.
+which one ran, and the doctor keys its suspend warnings on it. Nothing chooses a way from this:
+the ways ask the backend what it can do.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 #: The variable that chooses what ``nccl`` means.
@@ -130,3 +131,59 @@ def resolution(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         out["resolves_to"] = predicted(torch.__version__, value, has_nccl2)
         out["how"] = f"not registered yet: what torch {torch.__version__} would choose"
     return out
+
+
+def in_use(legs: list[dict[str, str]], names: Iterable[str], resolves_to: str) -> set[str]:
+    """The NCCL implementations WORLD runs: its backends as they answer (``legs``); where they
+    do not answer, what WORLD's backend ``names`` say (``nccl`` means ``resolves_to``)."""
+    found = {leg["implementation"] for leg in legs} & set(CLASSES)
+    if not legs:
+        names = tuple(names)
+        if "nccl" in names:
+            found.add(resolves_to)
+        found |= {BY_NAME[n] for n in names if n in ("nccl2", "nccl-lazy")}
+    return found
+
+
+def facts(world: Any, names: Iterable[str]) -> tuple[dict[str, Any], set[str]]:
+    """What ``nccl`` resolves to here and what serves WORLD (its native group, or None before
+    ``init_process_group``); and the NCCL implementations in use (``in_use``)."""
+    info = resolution()
+    legs = of_group(world) if world is not None else []
+    info["world"] = legs
+    return info, in_use(legs, names, info["resolves_to"])
+
+
+def suspend_warnings(
+    found: set[str],
+    bound: bool,
+    backends: Iterable[str],
+    environ: Mapping[str, str] | None = None,
+) -> list[str]:
+    """What keeps a suspend from freeing what it could, by the implementations in use
+    (``found``), whether WORLD is bound to a device, and the backends the mode met."""
+    environ = os.environ if environ is None else environ
+    warnings = []
+    if CLASSIC in found and not bound:
+        warnings.append(
+            "WORLD has no device_id: the classic ProcessGroupNCCL creates p2p "
+            "communicators lazily, which suspend neither frees nor counts; pass device_id "
+            "to init_process_group"
+        )
+    if found and environ.get("NCCL_NVLS_ENABLE", "").strip() != "0":
+        warnings.append(
+            "NVLS buffers stay resident while asleep (NCCL_NVLS_ENABLE=0 frees more on "
+            "NVSwitch nodes)"
+        )
+    if NCCL2 in found:
+        warnings.append(
+            "nccl2 makes each new group's communicator by splitting WORLD's at creation: "
+            "no group is created while WORLD sleeps (new_group, split_group and "
+            "shrink_group raise GroupSuspendedError until reload_process_groups())"
+        )
+    if LAZY in found or "nccl-lazy" in set(backends):
+        warnings.append(
+            "nccl-lazy suspends its pair communicators in map order, which may not match "
+            "across ranks"
+        )
+    return warnings
