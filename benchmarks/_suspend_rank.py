@@ -80,7 +80,7 @@ def main() -> int:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable
+    from reloadpg_autopatch.tools import cpu_nccl as suspendable
 
     suspendable.register()
     rpg.monkey_patch_torch_dist()

@@ -1,6 +1,6 @@
 """The suspend mode: a cycle of Megatron's group set and WORLD, against the same behind wrappers.
 
-Both run on the suspendable stand-in backend (``tests/support/suspendable.py``: gloo that
+Both run on the suspendable stand-in backend (``reloadpg_autopatch/tools/cpu_nccl``: gloo that
 models NCCL's suspend protocol), 4 ranks, Megatron TP=2, WORLD registered. A cycle ends when its
 slowest rank ends, so each repetition's time is the maximum over ranks. The package's own time
 in suspend mode is the cycle's time less the backend's own suspend and resume calls (on a GPU

@@ -2,11 +2,11 @@
 
 Every rank is activated by ``SLIME_RELOADABLE_PG=1`` in its environment alone (the mode by
 ``SLIME_RELOADABLE_PG_MODE``), as users run it; ranks are forked from a warm parent
-(``tests/support/ranks.py``). ``wrapper`` registers WORLD and swaps it for a temporary gloo
-WORLD, as an NCCL WORLD is on a GPU; ``suspend`` and ``auto`` put their groups on the suite's
-suspendable stand-in (``tests/support/suspendable.py``: gloo that models NCCL's suspend), WORLD
-on gloo. The oracles are outside the package: a TCPStore this process owns (``num_keys()``),
-torch's results against a gate-off control, exit statuses, the clock, ``/proc/self``.
+(``tests/support/ranks.py``). ``wrapper`` registers WORLD and swaps it for a temporary gloo WORLD,
+as an NCCL WORLD is on a GPU; ``suspend`` and ``auto`` put their groups on the package's CPU model
+of NCCL's suspend (``reloadpg_autopatch/tools/cpu_nccl``: gloo that models it), WORLD on gloo. The
+oracles are outside the package: a TCPStore this process owns (``num_keys()``), torch's results
+against a gate-off control, exit statuses, the clock, ``/proc/self``.
 
 Parts: 1 fork-start workers while the groups sleep; 2 a rank killed in a reload (the
 survivors' error and its delay); 3 a fresh process taking the dead rank's place; 4 a compiled
@@ -84,7 +84,7 @@ def _start(
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     multiprocessing.current_process().daemon = False  # a training rank may have children
@@ -156,7 +156,7 @@ def _child_work(x: int) -> dict[str, Any]:
 def _child_cycle(_: int) -> dict[str, Any]:
     """A fork worker that calls destroy and reload: it holds none of its parent's groups."""
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     calls = len(s.CALLS)  # the stand-in's log, inherited: grows if the child drives a backend
     started = time.monotonic()
@@ -213,7 +213,7 @@ def _die_inside_reload(mode: str) -> None:
 
         _arm("creation")
         return
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     s.SuspendableGloo.resume = lambda self, *a, **k: os._exit(0)
 

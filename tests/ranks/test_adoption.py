@@ -385,8 +385,8 @@ def test_doctor_says_slime_keeps_its_lifecycle_and_that_its_mode_would_never_run
 
 
 def _slime_suspend(ctx: Rank) -> dict[str, Any]:
+    from reloadpg_autopatch.tools import cpu_nccl as s
     from tests.support import frameworks
-    from tests.support import suspendable as s
 
     frameworks.on_path()
     from slime.backends.megatron_utils import actor as actor_module

@@ -6,7 +6,7 @@ one-rank group is freed at every destroy (behind its wrapper, or in place where 
 made again at the reload, and a group whose ``memory_stats()`` says a suspend would free less
 than ``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED`` of its memory is freed instead of suspended;
 ``suspend`` mode stays strict. No GPU exists here, so the groups run on the suspendable
-stand-in of ``tests/support/suspendable.py`` (NCCL's suspend protocol on gloo), whose memory
+stand-in of ``reloadpg_autopatch/tools/cpu_nccl`` (NCCL's suspend protocol on gloo), whose memory
 figures a test sets.
 
 The oracles are outside the package: the stand-in's call log (which backend was asked to
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import suspendable
+from reloadpg_autopatch.tools import cpu_nccl as suspendable
 from tests.support.ranks import GATE, Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -39,7 +39,7 @@ def _start(ctx: Rank, mode: str) -> tuple[Any, Any, Any, Any]:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"

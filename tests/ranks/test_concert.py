@@ -226,8 +226,8 @@ def test_the_cycle_report_and_the_doctor_list_the_group_left_alone_and_why() -> 
 
 
 def _left_alone_suspending(ctx: Rank) -> dict[str, Any]:
+    from reloadpg_autopatch.tools import cpu_nccl as s
     from tests.support import frameworks
-    from tests.support import suspendable as s
 
     frameworks.on_path()
     import torch.distributed as dist

@@ -1,7 +1,7 @@
 """Ranks that disagree, and an agreed outcome that must reach every rank (issue 33, items 1-2).
 
 No GPU exists here, and NCCL cannot run on CPU: the suspendable backend is the stand-in of
-``tests/support/suspendable.py`` (NCCL's suspend protocol on gloo). For the environment's
+``reloadpg_autopatch/tools/cpu_nccl`` (NCCL's suspend protocol on gloo). For the environment's
 refusal (``NCCL_CUMEM_ENABLE=0``) to be reached at all, the stand-in is also registered for an
 accelerator device type only (``ACCEL``, on ``privateuseone``), as NCCL is for ``cuda``, and the
 groups are mixed (``cpu:gloo,privateuseone:ACCEL``) so that their CPU collectives run on gloo.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import suspendable
+from reloadpg_autopatch.tools import cpu_nccl as suspendable
 from tests.support.ranks import GATE, Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -43,7 +43,7 @@ class _AcceleratorStandIn(suspendable.SuspendableGloo):
 
 
 def _create_accelerator(store: Any, rank: int, size: int, timeout: Any) -> Any:
-    return suspendable._created(_AcceleratorStandIn(store, rank, size, timeout))
+    return suspendable.track(_AcceleratorStandIn(store, rank, size, timeout))
 
 
 def _start(ctx: Rank, mode: str, *, timeout: float = 30.0) -> tuple[Any, Any, Any]:
@@ -53,7 +53,7 @@ def _start(ctx: Rank, mode: str, *, timeout: float = 30.0) -> tuple[Any, Any, An
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import suspendable
+from reloadpg_autopatch.tools import cpu_nccl as suspendable
 from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,8 +54,8 @@ def _start(ctx: Rank, mode: str, world: str = "gloo", register: bool = False) ->
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.tools import cpu_nccl as s
     from tests.support import nccl2 as n2
-    from tests.support import suspendable as s
 
     warnings.simplefilter("ignore", FutureWarning)
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
@@ -467,9 +467,9 @@ def _doctor(ctx: Rank) -> dict[str, Any]:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
+    from reloadpg_autopatch.tools import cpu_nccl as s
     from reloadpg_autopatch.tools.doctor import diagnose, render
     from tests.support import nccl2 as n2
-    from tests.support import suspendable as s
 
     s.register()
     n2.register()

@@ -1,11 +1,11 @@
 """Promises a mutation pass broke without a failing test (issue 33), and the smaller items.
 
-Each test defends one promise of the docs with an oracle outside the package: the stand-in's
-call log and creation count (``tests/support/suspendable.py``: what reached the backend), torch's
-own results and maps (``_world.pg_map``, the sums of collectives), the pretend device's free
-bytes, and the exception each call raises (checked with ``isinstance`` against the exported
-classes). Several tests read one run (``_once`` keeps each run's result for the session), so a
-promise has a test of its own without one more set of ranks.
+Each test defends one promise of the docs with an oracle outside the package's lifecycle: the
+stand-in's call log and creation count (``reloadpg_autopatch/tools/cpu_nccl``: what reached the
+backend), torch's own results and maps (``_world.pg_map``, the sums of collectives), the pretend
+device's free bytes, and the exception each call raises (checked with ``isinstance`` against the
+exported classes). Several tests read one run (``_once`` keeps each run's result for the session),
+so a promise has a test of its own without one more set of ranks.
 
 No GPU here: suspend runs on the stand-in, which is registered for the CPU by default. The
 refusal of an accelerator group that cannot suspend is reached by registering the same stand-in
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import suspendable
+from reloadpg_autopatch.tools import cpu_nccl as suspendable
 from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -43,7 +43,7 @@ class _AcceleratorStandIn(suspendable.SuspendableGloo):
 
 
 def _create_accelerator(store: Any, rank: int, size: int, timeout: Any) -> Any:
-    return suspendable._created(_AcceleratorStandIn(store, rank, size, timeout))
+    return suspendable.track(_AcceleratorStandIn(store, rank, size, timeout))
 
 
 def _once(fn: Any, n: int = 2, timeout: float = 120.0, **env: str) -> list[Any]:
@@ -69,7 +69,7 @@ def _start(ctx: Rank, mode: str, *, policy: str | None = None, world: str = "glo
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
@@ -316,7 +316,7 @@ ACCEL_PY = "suspendable_acc_py"
 
 def _auto_with_a_swapping_world(ctx: Rank) -> dict[str, Any]:
     if ON_214:
-        from tests.support import suspendable as s
+        from reloadpg_autopatch.tools import cpu_nccl as s
 
         s.register()
         import torch.distributed as dist

@@ -126,7 +126,7 @@ def _cycles(ctx: Rank) -> list[dict[str, int]]:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable
+    from reloadpg_autopatch.tools import cpu_nccl as suspendable
 
     setup = os.environ["OPS_TEST_SETUP"]
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"

@@ -3,9 +3,10 @@
 ``SLIME_RELOADABLE_PG_MODE=suspend`` (or ``set_reload_mode("suspend")``) makes
 ``destroy_process_groups()`` call each suspendable backend's ``suspend()`` and
 ``reload_process_groups()`` its ``resume()``, guarding every sleeping group in between. No GPU
-exists here, so the backend is the stand-in of ``tests/support/suspendable.py`` (NCCL's protocol on
-gloo; ``docs/suspend-facts.md``): variant A (``"suspendable"``, both lanes) and, on torch 2.14,
-variant B (``"suspendable_py"``), which also receives every collective in Python and logs it.
+exists here, so the backend is the stand-in of ``reloadpg_autopatch/tools/cpu_nccl`` (NCCL's
+protocol on gloo; ``docs/suspend-facts.md``): variant A (``"suspendable"``, both lanes) and, on
+torch 2.14, variant B (``"suspendable_py"``), which also receives every collective in Python and
+logs it.
 
 Every case runs on gloo ranks that the gate alone activated (``tests/support/ranks.py``).
 The oracles are outside the package: torch's own results and objects (``id()``, ``_world``'s
@@ -33,7 +34,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import PROGRAMS, ROOT, suspendable
+from reloadpg_autopatch.tools import cpu_nccl as suspendable
+from tests.support import PROGRAMS, ROOT
 from tests.support.ranks import GATE, HOST, Rank, RankFailure, run_ranks
 
 pytestmark = pytest.mark.timeout(300)
@@ -92,7 +94,7 @@ def _start(
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
@@ -110,7 +112,7 @@ def _start(
 
 def _leg() -> str:
     """The stand-in whose collectives reach Python where it exists (2.14), else variant A."""
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     return s.NAME_B if s.python_backend_available() else s.NAME_A
 
@@ -551,7 +553,7 @@ def _cycles(ctx: Rank) -> list[dict[str, Any]]:
     from torch.distributed import distributed_c10d as c10d
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     s.register()
@@ -1565,7 +1567,7 @@ def test_the_cycle_report_gives_what_the_backends_and_the_device_say() -> None:
 
 
 def _pools(ctx: Rank) -> dict[str, Any]:
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     calls: list[tuple[str, int, int]] = []
 

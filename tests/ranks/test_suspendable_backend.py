@@ -1,7 +1,7 @@
-"""The suspendable stand-in (``tests/support/suspendable.py``) against the NCCL protocol it models.
+"""The CPU model of NCCL's suspend (``reloadpg_autopatch/tools/cpu_nccl``) against NCCL's protocol.
 
 No GPU exists where this suite runs, so the package's suspend mode is tested against a stand-in
-for an NCCL communicator: ``tests/support/suspendable.py``, on gloo. These tests prove that the
+for an NCCL communicator: ``reloadpg_autopatch/tools/cpu_nccl``, on gloo. These tests prove that the
 stand-in is faithful to what torch and NCCL do, as their sources say (``docs/suspend-facts.md``:
 the four stats keys; suspend and resume as barriers; invalid usage
 raised before the barrier; the lazy-init, unsupported, hang, failure and memory cases), so
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import suspendable
+from reloadpg_autopatch.tools import cpu_nccl as suspendable
 from tests.support.ranks import Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -56,7 +56,7 @@ def _start(ctx: Rank, world: str = "gloo") -> tuple[Any, Any, Any]:
     import torch
     import torch.distributed as dist
 
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     ctx.init(backend=world)
@@ -68,7 +68,7 @@ def _group(name: str, **switches: Any) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
 
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     s.configure(**switches)
     try:
@@ -187,6 +187,68 @@ def test_environment_switches_select_ranks() -> None:
     assert zero["stats"]["suspend"] == MiB
     assert one["stats"]["suspend"] == 2 * MiB
     assert zero["unsupported"] == one["unsupported"] == "split_share"
+
+
+def _variant(ctx: Rank, name: str) -> dict[str, Any]:
+    import os
+
+    torch, dist, s = _start(ctx)
+    cls = s.SuspendableGloo if name == s.NAME_A else s.SuspendablePy
+    variant = s.register_variant(
+        f"{name}_variant", cls, suspend_bytes=3 * MiB, persist_bytes=MiB // 4, barrier_timeout=5.0
+    )
+    made = s.creations(variant)
+    plain = dist.new_group([0, 1], backend=variant)  # the variant's defaults
+    os.environ["SUSPENDABLE_BYTES"] = str(2 * MiB)
+    try:
+        by_env = dist.new_group([0, 1], backend=variant)  # the environment wins over them
+        s.configure(suspend_bytes=MiB)
+        try:
+            by_configure = dist.new_group([0, 1], backend=variant)  # configure() wins over both
+        finally:
+            s.configure()
+    finally:
+        del os.environ["SUSPENDABLE_BYTES"]
+    made_again = dist.new_group([0, 1], backend=name)  # the variant left its model unchanged
+    cpu = torch.device("cpu")
+    ours = [g._get_backend(cpu) for g in (plain, by_env, by_configure)]
+    free = s.device_memory()[0]
+    ours[0].suspend()
+    freed = s.device_memory()[0] - free
+    ours[0].resume()
+    return {
+        "variant": variant,
+        "torch names it": dist.get_backend(plain),
+        "created": s.creations(variant) - made,
+        "the ledger's": [a is b for a, b in zip(ours, s.backends(variant), strict=True)],
+        "types": {type(b).__name__ for b in ours},
+        "labels": {b.label.partition("#")[0] for b in ours},
+        "suspend bytes": [b.memory_stats()["suspend"] for b in ours],
+        "persist bytes": {b.memory_stats()["persist"] for b in ours},
+        "barrier timeouts": {b.settings.barrier_timeout for b in ours},
+        "freed": freed,
+        "sum": _sum(plain, ctx.rank + 1.0),
+        "model's own": made_again._get_backend(cpu).memory_stats()["suspend"],
+    }
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_a_variant_of_its_own_starts_from_its_defaults_below_the_switches(name: str) -> None:
+    """The demo's ``cpu_suspend`` is the model under a name of its own with bigger buffers:
+    ``register_variant`` gives it defaults that the environment and ``configure()`` still beat."""
+    for out in run_ranks(partial(_variant, name=name), 2, timeout=DEADLINE):
+        assert out["torch names it"] == out["variant"] == f"{name}_variant"
+        assert out["created"] == 3
+        assert out["the ledger's"] == [True] * 3
+        made_of = "SuspendableGloo" if name == suspendable.NAME_A else "SuspendablePy"
+        assert out["types"] == {made_of}
+        assert out["labels"] == {out["variant"]}
+        assert out["suspend bytes"] == [3 * MiB, 2 * MiB, MiB]
+        assert out["persist bytes"] == {MiB // 4}
+        assert out["barrier timeouts"] == {5.0}
+        assert out["freed"] == 3 * MiB  # the pretend device got the variant's buffer back
+        assert out["sum"] == 3.0
+        assert out["model's own"] == MiB  # the model's default, untouched by the variant
 
 
 # ---- the barrier ----------------------------------------------------------------------------

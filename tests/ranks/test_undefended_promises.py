@@ -104,7 +104,7 @@ def _suspend_group_with(ctx: Rank, value: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     os.environ["NCCL_DISABLE_MEM_MANAGER"] = value
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"

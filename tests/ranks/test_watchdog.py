@@ -9,7 +9,7 @@ returned, nor one timeout after a call that raised (the promise no test defended
 The oracles are outside the package: faulthandler's own output in a file the program gave it,
 ``signal.getsignal`` and the hooks' identities before and after, the clock, and the exit status
 of each rank (a rank the watchdog ended fails its run). Suspend runs on the stand-in of
-``tests/support/suspendable.py`` (no GPU here).
+``reloadpg_autopatch/tools/cpu_nccl`` (no GPU here).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import suspendable
+from reloadpg_autopatch.tools import cpu_nccl as suspendable
 from tests.support.ranks import GATE, Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -83,7 +83,7 @@ def _cycles_under_a_program(ctx: Rank, mode: str) -> dict[str, Any]:
 
     import reloadpg_autopatch as rpg
     from reloadpg_autopatch.groups import watchdog
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     watchdog.BACKSTOP_S = BACKSTOP_S  # the same backstop, due sooner: a shorter wait here
@@ -253,7 +253,7 @@ def _threads_over_cycles(ctx: Rank) -> dict[str, Any]:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     assert rpg.is_patched()
