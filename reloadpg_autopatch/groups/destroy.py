@@ -149,6 +149,11 @@ def _free(record: Record, step: DestroyStep, run: DestroyRun) -> None:
         record.way.broke(record)
 
 
+def _asleep() -> bool:
+    """Whether some group's communicator sleeps (suspended) after this destroy."""
+    return any(record.state is State.SUSPENDED for record in registry.records())
+
+
 def destroy_process_groups() -> None:
     """Free the communicators of every reloadable group; the group objects stay valid.
 
@@ -195,9 +200,11 @@ def destroy_process_groups() -> None:
             if run.stuck is not None:
                 raise run.stuck
         except BaseException:
-            stepping.end_destroy(holder, freed=bool(run.destroyed) or not run.first)
+            stepping.end_destroy(
+                holder, freed=bool(run.destroyed) or not run.first, suspended=_asleep()
+            )
             raise
-        stepping.end_destroy(holder)
+        stepping.end_destroy(holder, suspended=_asleep())
     run.part.total_ms = (time.perf_counter() - started) * 1e3
     run.part.groups["destroyed"] = list(run.destroyed)  # in the order freed
     if cycle is None:

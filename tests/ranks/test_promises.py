@@ -275,7 +275,7 @@ def _rounds_body(port: int, n: int, rounds: int, line: threading.Barrier, out: d
     """Rank bodies driving the package's rendezvous rounds as the lifecycle chains them."""
     import torch.distributed as dist
 
-    from reloadpg_autopatch.groups.store import rounds
+    from reloadpg_autopatch.groups.store import rounds as rendezvous
 
     def body(rank: int) -> list[bytes]:
         store = dist.TCPStore(HOST, port, 1, is_master=False, timeout=timedelta(seconds=30))
@@ -283,10 +283,10 @@ def _rounds_body(port: int, n: int, rounds: int, line: threading.Barrier, out: d
         previous = None
         for i in range(rounds):
             key = f"reloadpg_autopatch/{i + 1}/0/sync/point"
-            rounds.sync(store, key, rank, n, timeout=20, step="p1 sync", previous=previous)
-            previous = rounds.done_key(key)
+            rendezvous.sync(store, key, rank, n, timeout=20, step="p1 sync", previous=previous)
+            previous = rendezvous.done_key(key)
             key = f"reloadpg_autopatch/{i + 1}/1/agreement"
-            _token, merged = rounds.agree(
+            _token, merged = rendezvous.agree(
                 store,
                 key,
                 rank,
@@ -298,8 +298,8 @@ def _rounds_body(port: int, n: int, rounds: int, line: threading.Barrier, out: d
                 previous=previous,
                 token=True,
             )
-            previous = rounds.done_key(key)
-            handles = rounds.exchange(
+            previous = rendezvous.done_key(key)
+            handles = rendezvous.exchange(
                 store,
                 f"reloadpg_autopatch/{i + 1}/1/handles",
                 rank,

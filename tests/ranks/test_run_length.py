@@ -121,6 +121,7 @@ def _rendezvous_prefixes() -> list[str]:
     """
     import os
 
+    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     default = c10d._get_default_group()
@@ -131,6 +132,11 @@ def _rendezvous_prefixes() -> list[str]:
         probe = f"run-length-probe-{os.getpid()}-{id(pg)}"
         store.set(probe, "1")
         root = store._underlying_non_prefix_store
+        if isinstance(getattr(root, "target", None), dist.Store):
+            # The package hands a creation its recording store, which writes under the step's
+            # prefix into the world's store: list that one.
+            root = root.target
+            root = getattr(root, "_underlying_non_prefix_store", root)
         key = next(k for k in root.list_keys() if k.endswith(probe))
         root.delete_key(key)
         prefixes.append(key[: -len(probe)])
