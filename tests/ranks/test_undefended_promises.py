@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.ranks.test_disagreeing_ranks import ACCEL, MIXED, _create_accelerator
+from tests.ranks.test_agreement_disagreeing_ranks import ACCEL, MIXED, _create_accelerator
 from tests.support.ranks import GATE, Rank, run_ranks, total
 
 pytestmark = pytest.mark.timeout(180)
