@@ -27,15 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.support import os_counts, registered_world, stores
 from tests.support.ranks import GATE, Rank, run_ranks
 
 if TYPE_CHECKING:  # only a type checker sees it: the probes of the rule test name it as text
     from torch.distributed import ProcessGroup
 
 pytestmark = pytest.mark.timeout(300)
-
-#: WORLD's timeout: a mismatch between ranks fails within it instead of hanging for minutes.
-TIMEOUT = timedelta(seconds=20)
 
 
 def _torch_reconfigures() -> bool:
@@ -49,65 +47,13 @@ needs_reconfigure = pytest.mark.skipif(
 )
 
 
-# ---- helpers run inside the ranks -----------------------------------------------------------
-
-
-def _start(ctx: Rank, register: bool = True) -> Any:
-    """Wrap every group, join WORLD (the gate already patched torch), register WORLD."""
-    import warnings
-
-    import torch.distributed as dist
-
-    import reloadpg_autopatch as rpg
-
-    warnings.simplefilter("ignore", FutureWarning)
-    rpg.set_wrap_policy("all")
-    ctx.init(timeout=TIMEOUT.total_seconds())
-    if register:
-        rpg.register_default_process_group(TIMEOUT, accelerator_backends=("gloo",))
-    return dist
-
-
-def _sums(dist: Any, groups: dict[str, Any], rank: int) -> dict[str, Any]:
-    """all_reduce of rank+1 and all_gather_into_tensor of rank on each group (members only)."""
-    import torch
-
-    out = {}
-    for label, group in groups.items():
-        t = torch.tensor([rank + 1.0])
-        dist.all_reduce(t, group=group)
-        gathered = torch.zeros(dist.get_world_size(group))
-        dist.all_gather_into_tensor(gathered, torch.tensor([float(rank)]), group=group)
-        out[label] = (t.item(), gathered.tolist())
-    return out
-
-
-def _expected(members: list[int]) -> tuple[float, list[float]]:
-    return float(sum(r + 1 for r in members)), [float(r) for r in members]
-
-
-def _sockets() -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                count += 1
-        except OSError:
-            pass  # the fd listing itself, closed meanwhile
-    return count
-
-
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
 # ---- 1. asymmetric calls ------------------------------------------------------------------
 
 
 def _asymmetric(ctx: Rank) -> list[dict]:
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx)
+    dist = registered_world.start(ctx)
     groups = {"a": dist.new_group([0, 1]), "b": dist.new_group([1, 0])}
     cycles = []
     for cycle in range(4):
@@ -118,42 +64,18 @@ def _asymmetric(ctx: Rank) -> list[dict]:
         rpg.reload_process_groups()
         if twice and cycle >= 2:
             rpg.reload_process_groups()  # a second reload in a row on this rank only
-        cycles.append(_sums(dist, {**groups, "world": dist.group.WORLD}, ctx.rank))
+        cycles.append(registered_world.sums(dist, {**groups, "world": dist.group.WORLD}, ctx.rank))
     fresh = dist.new_group([0, 1])  # names and keys still aligned afterwards
-    cycles.append(_sums(dist, {"fresh": fresh}, ctx.rank))
+    cycles.append(registered_world.sums(dist, {"fresh": fresh}, ctx.rank))
     return cycles
 
 
 def test_destroy_or_reload_twice_on_one_rank_once_on_its_peer() -> None:
-    both = _expected([0, 1])
+    both = registered_world.expected([0, 1])
     for cycles in run_ranks(_asymmetric, 2, env=GATE, timeout=200):
         for sums in cycles[:-1]:
             assert sums == {"a": both, "b": both, "world": both}
         assert cycles[-1] == {"fresh": both}
-
-
-# ---- 2. a new WORLD on the same store, no new prefix -----------------------------------------
-
-
-def _forget_torchs_keys(store: Any, rank: int, world_size: int) -> None:
-    """Delete the keys torch's own rendezvous left (gloo reads a peer's stale address).
-
-    The gate-off control shows that torch itself cannot start a second WORLD on a store that
-    still holds the first one's keys when a rank is late. Whatever the package wrote stays.
-    """
-    import time
-
-    store.add("blind-spots/between", 1)
-    while int(store.add("blind-spots/between", 0)) < world_size:
-        time.sleep(0.05)
-    if rank == 0:
-        for key in store.list_keys():
-            # torch keeps WORLD's store under WORLD's name ("0/..."): the package's keys
-            # sit below that, so they are told apart by their segment, not a prefix.
-            if "reloadpg_autopatch/" not in key and not key.startswith("blind-spots/"):
-                store.delete_key(key)
-        store.set("blind-spots/clean", "1")
-    store.wait(["blind-spots/clean"])
 
 
 def _same_store(ctx: Rank) -> dict:
@@ -165,9 +87,9 @@ def _same_store(ctx: Rank) -> dict:
     if gated:
         import reloadpg_autopatch as rpg
 
-        _start(ctx)
+        registered_world.start(ctx)
     else:
-        ctx.init(timeout=TIMEOUT.total_seconds())
+        ctx.init(timeout=registered_world.TIMEOUT.total_seconds())
 
     def cycle() -> None:
         if gated:
@@ -178,19 +100,27 @@ def _same_store(ctx: Rank) -> dict:
     group = dist.new_group([0, 1])
     for _ in range(2):
         cycle()
-        out["first"].append(_sums(dist, {"g": group, "world": dist.group.WORLD}, ctx.rank))
+        out["first"].append(
+            registered_world.sums(dist, {"g": group, "world": dist.group.WORLD}, ctx.rank)
+        )
     del group
     dist.destroy_process_group()
     # As env:// does: a new client of the same store, no PrefixStore.
-    store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
-    _forget_torchs_keys(store, ctx.rank, ctx.world_size)
+    store = dist.TCPStore(
+        ctx.host, ctx.port, ctx.world_size, is_master=False, timeout=registered_world.TIMEOUT
+    )
+    stores.forget_torchs_keys(store, ctx.rank, ctx.world_size)
     if ctx.rank == 1:
         time.sleep(2)  # the late rank must not read what the first world left in the store
     dist.init_process_group(
-        "gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=TIMEOUT
+        "gloo",
+        store=store,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=registered_world.TIMEOUT,
     )
     if gated:
-        rpg.register_default_process_group(TIMEOUT, accelerator_backends=("gloo",))
+        rpg.register_default_process_group(registered_world.TIMEOUT, accelerator_backends=("gloo",))
     again = dist.new_group([0, 1])
     other = dist.new_group([1, 0])
     for step in range(3):
@@ -198,14 +128,16 @@ def _same_store(ctx: Rank) -> dict:
             time.sleep(1)
         cycle()
         out["second"].append(
-            _sums(dist, {"g": again, "h": other, "world": dist.group.WORLD}, ctx.rank)
+            registered_world.sums(
+                dist, {"g": again, "h": other, "world": dist.group.WORLD}, ctx.rank
+            )
         )
     return out
 
 
 @pytest.mark.parametrize("gate", ["off", "on"])
 def test_world_reinitialised_on_the_same_store_without_a_prefix(gate: str) -> None:
-    both = _expected([0, 1])
+    both = registered_world.expected([0, 1])
     env = GATE if gate == "on" else {"SLIME_RELOADABLE_PG": None}
     for report in run_ranks(_same_store, 2, env=env, timeout=240):
         assert report["first"] == [{"g": both, "world": both}] * 2
@@ -229,7 +161,7 @@ def _world_name(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    _start(ctx)
+    registered_world.start(ctx)
     rpg.destroy_process_groups()
     rpg.reload_process_groups()  # WORLD swapped out and back once
     name = dist.group.WORLD.group_name
@@ -276,23 +208,27 @@ def _three_used_groups(dist: Any) -> tuple[tuple[int, int], list[Any], tuple[int
     """(sockets, threads) before, three pair groups that communicated once, and after."""
     import torch
 
-    before = (_sockets(), _threads())
+    before = (os_counts.sockets(), os_counts.threads())
     groups = [dist.new_group([0, 1]) for _ in range(3)]
     for group in groups:
         dist.all_reduce(torch.ones(1), group=group)
-    return before, groups, (_sockets(), _threads())
+    return before, groups, (os_counts.sockets(), os_counts.threads())
 
 
 def _shutdown_frees(ctx: Rank) -> dict:
     """Gate off: does gloo's ProcessGroup.shutdown() close the group's sockets and threads?"""
     import torch.distributed as dist
 
-    ctx.init(timeout=TIMEOUT.total_seconds())
+    ctx.init(timeout=registered_world.TIMEOUT.total_seconds())
     before, groups, created = _three_used_groups(dist)
     for group in groups:
         group.shutdown()
     dist.barrier()
-    return {"before": before, "created": created, "shutdown": (_sockets(), _threads())}
+    return {
+        "before": before,
+        "created": created,
+        "shutdown": (os_counts.sockets(), os_counts.threads()),
+    }
 
 
 @needs_reconfigure
@@ -307,12 +243,12 @@ def _native_frees(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx)
+    dist = registered_world.start(ctx)
     before, groups, created = _three_used_groups(dist)
     rpg.destroy_process_groups()
-    destroyed = (_sockets(), _threads())
+    destroyed = (os_counts.sockets(), os_counts.threads())
     rpg.reload_process_groups()
-    sums = _sums(dist, {str(i): g for i, g in enumerate(groups)}, ctx.rank)
+    sums = registered_world.sums(dist, {str(i): g for i, g in enumerate(groups)}, ctx.rank)
     return {"before": before, "created": created, "destroyed": destroyed, "sums": sums}
 
 
@@ -326,7 +262,7 @@ def _native_frees(ctx: Rank) -> dict:
 def test_native_destroy_closes_the_groups_sockets_and_threads() -> None:
     env = {**GATE, "SLIME_RELOADABLE_PG_MODE": "native"}
     for report in run_ranks(_native_frees, 2, env=env, timeout=200):
-        both = _expected([0, 1])
+        both = registered_world.expected([0, 1])
         assert report["sums"] == {"0": both, "1": both, "2": both}
         assert report["created"][0] >= report["before"][0] + 3  # the groups opened sockets
         # WORLD is released too, so the counts may drop below the before-value.
@@ -342,9 +278,9 @@ def _dropped(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, register=os.environ["BLIND_SPOTS_WORLD"] == "registered")
+    dist = registered_world.start(ctx, register=os.environ["BLIND_SPOTS_WORLD"] == "registered")
     kept = dist.new_group([0, 1])
-    before = (_sockets(), _threads())
+    before = (os_counts.sockets(), os_counts.threads())
     ref = weakref.ref(dist.new_group([0, 1]))  # dropped at once
     gc.collect()
     collected = ref() is None
@@ -357,7 +293,7 @@ def _dropped(ctx: Rank) -> dict:
         "collected_at_once": collected,
         "collected_after_cycle": ref() is None,
         "before": before,
-        "after": (_sockets(), _threads()),
+        "after": (os_counts.sockets(), os_counts.threads()),
         "kept": t.item(),
     }
 
@@ -383,7 +319,7 @@ def test_wrapper_mode_a_dropped_group_is_collected_and_its_sockets_closed(world:
 def _non_members(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx)
+    dist = registered_world.start(ctx)
     low = dist.new_group([0, 1])
     high = dist.new_group([1, 2])
     mine = {
@@ -395,7 +331,9 @@ def _non_members(ctx: Rank) -> dict:
     for _ in range(2):
         rpg.destroy_process_groups()
         rpg.reload_process_groups()
-        out["cycles"].append(_sums(dist, {**mine, "world": dist.group.WORLD}, ctx.rank))
+        out["cycles"].append(
+            registered_world.sums(dist, {**mine, "world": dist.group.WORLD}, ctx.rank)
+        )
     if ctx.rank == 0:
         dist.destroy_process_group(low)  # released on rank 0 only; rank 1 still holds it
         mine.pop("low")
@@ -404,25 +342,27 @@ def _non_members(ctx: Rank) -> dict:
     for _ in range(2):
         rpg.destroy_process_groups()
         rpg.reload_process_groups()
-        out["released"].append(_sums(dist, {**mine, "world": dist.group.WORLD}, ctx.rank))
+        out["released"].append(
+            registered_world.sums(dist, {**mine, "world": dist.group.WORLD}, ctx.rank)
+        )
     fresh = dist.new_group([0, 1])  # creations still aligned on all three ranks
     rpg.destroy_process_groups()
     rpg.reload_process_groups()
-    out["fresh"] = _sums(dist, {"fresh": fresh}, ctx.rank) if ctx.rank < 2 else {}
+    out["fresh"] = registered_world.sums(dist, {"fresh": fresh}, ctx.rank) if ctx.rank < 2 else {}
     out["low_alive"] = ctx.rank != 1 or dist.get_process_group_ranks(low) == [0, 1]
     return out
 
 
 def test_non_members_take_part_and_a_group_released_on_one_rank(capfd: Any) -> None:
     env = {**GATE, "TORCH_DIST_INIT_BARRIER": "1"}
-    world = _expected([0, 1, 2])
+    world = registered_world.expected([0, 1, 2])
     members = {"low": [0, 1], "high": [1, 2]}
     for rank, report in enumerate(run_ranks(_non_members, 3, env=env, timeout=280)):
-        mine = {k: _expected(v) for k, v in members.items() if rank in v}
+        mine = {k: registered_world.expected(v) for k, v in members.items() if rank in v}
         assert report["cycles"] == [{**mine, "world": world}] * 2
         mine.pop("low", None)
         assert report["released"] == [{**mine, "world": world}] * 2
-        assert report["fresh"] == ({"fresh": _expected([0, 1])} if rank < 2 else {})
+        assert report["fresh"] == ({"fresh": registered_world.expected([0, 1])} if rank < 2 else {})
         assert report["low_alive"]
     assert "Connection closed by peer" not in capfd.readouterr().err
 
@@ -441,7 +381,7 @@ def _lagging(ctx: Rank) -> list[dict]:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, register=os.environ["BLIND_SPOTS_WORLD"] == "registered")
+    dist = registered_world.start(ctx, register=os.environ["BLIND_SPOTS_WORLD"] == "registered")
     lag = {"on": False}
     # Both ranks on one core, the lagging one at the lowest priority: a handshake its peer
     # tears down too early then fails as "Connection closed by peer" instead of slipping by.
@@ -460,7 +400,7 @@ def _lagging(ctx: Rank) -> list[dict]:
     released = dist.new_group([0, 1])
     # A collective on each group the program makes: both ranks are past its handshake before
     # either destroys anything (test_destroy_right_after_a_creation is about that race).
-    _sums(dist, {"released": released}, ctx.rank)
+    registered_world.sums(dist, {"released": released}, ctx.rank)
     one_sided = []
     cycles = []
     for cycle in range(4):
@@ -475,14 +415,14 @@ def _lagging(ctx: Rank) -> list[dict]:
         rpg.reload_process_groups()
         lag["on"] = False
         groups = {str(i): g for i, g in enumerate(kept)}
-        cycles.append(_sums(dist, {**groups, "world": dist.group.WORLD}, ctx.rank))
+        cycles.append(registered_world.sums(dist, {**groups, "world": dist.group.WORLD}, ctx.rank))
         made = {}
         if cycle == 0:
             made["kept"] = dist.new_group([0, 1])
             kept.append(made["kept"])  # made between cycles, kept
         made["dropped"] = dist.new_group([0, 1])
         made["one_sided"] = dist.new_group([0, 1])  # the last creation of the next reload
-        _sums(dist, made, ctx.rank)
+        registered_world.sums(dist, made, ctx.rank)
         one_sided.append(made.pop("one_sided"))
         del made  # the "dropped" group, on both ranks
     return cycles
@@ -491,7 +431,7 @@ def _lagging(ctx: Rank) -> list[dict]:
 @pytest.mark.parametrize("world", ["registered", "not registered"])
 def test_a_rank_whose_creations_lag_during_reload(world: str, capfd: Any) -> None:
     """Over 10 s: four cycles in which each of rank 1's creations waits ``LAG_S``, on one core."""
-    both = _expected([0, 1])
+    both = registered_world.expected([0, 1])
     env = {**GATE, "BLIND_SPOTS_WORLD": world}
     for cycles in run_ranks(_lagging, 2, env=env, timeout=280):
         assert cycles[0] == {"0": both, "1": both, "world": both}
@@ -504,7 +444,7 @@ def test_a_rank_whose_creations_lag_during_reload(world: str, capfd: Any) -> Non
 def _destroy_after_creating(ctx: Rank) -> list[dict]:
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, register=os.environ["BLIND_SPOTS_WORLD"] == "registered")
+    dist = registered_world.start(ctx, register=os.environ["BLIND_SPOTS_WORLD"] == "registered")
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # as in _lagging
     if ctx.rank == 1:
         os.nice(19)
@@ -514,7 +454,7 @@ def _destroy_after_creating(ctx: Rank) -> list[dict]:
         held.extend(dist.new_group([0, 1]) for _ in range(3))
         rpg.destroy_process_groups()  # right after the creations, as a training step may
         rpg.reload_process_groups()
-        out.append(_sums(dist, {"g": held[-1]}, ctx.rank))
+        out.append(registered_world.sums(dist, {"g": held[-1]}, ctx.rank))
     return out
 
 
@@ -522,14 +462,14 @@ def _destroy_after_creating(ctx: Rank) -> list[dict]:
 def test_destroy_right_after_a_creation(world: str) -> None:
     env = {**GATE, "BLIND_SPOTS_WORLD": world}
     for report in run_ranks(_destroy_after_creating, 2, env=env, timeout=200):
-        assert report == [{"g": _expected([0, 1])}] * 4
+        assert report == [{"g": registered_world.expected([0, 1])}] * 4
 
 
 # ---- 7. inputs and reports ------------------------------------------------------------------
 
 
 def _bogus_mode(ctx: Rank) -> dict:
-    dist = _start(ctx, register=False)
+    dist = registered_world.start(ctx, register=False)
     return {"type": type(dist.new_group([0, 1])).__name__}
 
 
@@ -562,7 +502,7 @@ def _released_listed(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, register=False)
+    dist = registered_world.start(ctx, register=False)
     kept = dist.new_group([0, 1])
     gone = dist.new_group([0, 1])
     dist.destroy_process_group(gone)
@@ -594,7 +534,7 @@ def _several_backends(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, register=False)
+    dist = registered_world.start(ctx, register=False)
     out: dict[str, Any] = {}
     # One gloo object serves both devices here: one backend, which reconfigures.
     out["one_backend"] = type(dist.new_group([0, 1], backend="cpu:gloo,cuda:gloo")).__name__
@@ -633,7 +573,7 @@ def _p2p_original(ctx: Rank) -> list[list[float]]:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx)
+    dist = registered_world.start(ctx)
     group = dist.new_group([0, 1])
     torch_isend = inspect.unwrap(dist.isend)
     torch_irecv = inspect.unwrap(dist.irecv)

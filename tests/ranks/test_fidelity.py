@@ -19,103 +19,15 @@ from typing import Any
 
 import pytest
 
+from tests.support import gated
 from tests.support.ranks import Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(600)
-
-GATE = "SLIME_RELOADABLE_PG"
-ON: dict[str, str | None] = {GATE: "1"}
-OFF: dict[str, str | None] = {GATE: None}
-GATES = pytest.mark.parametrize("env", [OFF, ON], ids=["gate-off", "gate-on"])
-CYCLES = 2
-RANK_TIMEOUT = 240.0
 
 GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base", "all_gather")
 SCATTERS = ("reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
 COLLECTIVES = ("all_reduce", *GATHERS, *SCATTERS, "all_to_all_single")
 P2P = ("isend/irecv", "batch_isend_irecv")
-
-
-# ---- rank side: shared helpers ----------------------------------------------------------
-
-
-def _start(ctx: Rank, timeout: float = 30.0) -> tuple[Any, bool]:
-    """Join WORLD; check that the gate alone decided whether torch.distributed is patched."""
-    import os
-    import warnings
-
-    warnings.simplefilter("ignore", FutureWarning)  # _all_gather_base and friends
-    warnings.simplefilter("ignore", UserWarning)  # Megatron without Apex
-    ctx.init(timeout=timeout)
-    import torch.distributed as dist
-
-    active = os.environ.get(GATE) == "1"
-    patched = hasattr(dist.all_reduce, "__reloadpg_autopatch__")
-    if patched != active:
-        raise AssertionError(f"gate {'on' if active else 'off'}, but patched={patched}")
-    return dist, active
-
-
-def _stages(active: bool):
-    """Yield a label before any cycle and after each destroy/reload (gate off: plain repeats)."""
-    yield "before any cycle"
-    for cycle in range(1, CYCLES + 1):
-        if active:
-            import reloadpg_autopatch as rpg
-
-            rpg.destroy_process_groups()
-            rpg.reload_process_groups()
-        yield f"after cycle {cycle}"
-
-
-def _reloadable(active: bool, *groups: Any) -> None:
-    """Gate on, the groups under test must really be ours, or the test proves nothing."""
-    if active:
-        import reloadpg_autopatch as rpg
-
-        for group in groups:
-            assert isinstance(group, rpg.ReloadableProcessGroup), group
-
-
-def _native_type() -> type:
-    import torch
-
-    return torch._C._distributed_c10d.ProcessGroup
-
-
-def _pair_groups(dist: Any, active: bool) -> dict[str, Any]:
-    """WORLD, a native pair and (gate on) a reloadable pair, made in one order on every rank."""
-    groups: dict[str, Any] = {"world": None}
-    if active:
-        import reloadpg_autopatch as rpg
-
-        rpg.set_wrap_policy("none")
-    groups["native"] = dist.new_group([0, 1])
-    assert type(groups["native"]) is _native_type(), groups["native"]
-    if active:
-        rpg.set_wrap_policy("all")
-        groups["reloadable"] = dist.new_group([0, 1])
-        _reloadable(active, groups["reloadable"])
-    return groups
-
-
-def _pair_and_single(dist: Any, active: bool, rank: int) -> dict[str, tuple[Any, list[int]]]:
-    """A two-rank group and a one-rank group, reloadable with the gate on, with their members."""
-    if active:
-        import reloadpg_autopatch as rpg
-
-        rpg.set_wrap_policy("all")
-    pair = dist.new_group([0, 1])
-    single = [dist.new_group([0]), dist.new_group([1])][rank]
-    _reloadable(active, pair, single)
-    return {"pair": (pair, [0, 1]), "single": (single, [rank])}
-
-
-def _unwrap(group: Any) -> Any:
-    """The native group inside ours (public API), to read torch's own state for it."""
-    import reloadpg_autopatch as rpg
-
-    return rpg.unwrap(group)
 
 
 def _x(rank: int) -> list[float]:
@@ -257,13 +169,13 @@ def _compiled_matrix(ctx: Rank, cases: tuple[str, ...]) -> list[str]:
     import torch._dynamo
     from torch._dynamo.backends.registry import lookup_backend
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     torch._dynamo.config.recompile_limit = 64
     rank = ctx.rank
-    groups = {label: (g, [0, 1]) for label, g in _pair_groups(dist, active).items()}
+    groups = {label: (g, [0, 1]) for label, g in gated.pair_groups(dist, active).items()}
     if active and "all_reduce" in cases:
         single = [dist.new_group([0]), dist.new_group([1])][rank]
-        _reloadable(active, single)
+        gated.reloadable(active, single)
         groups["reloadable single"] = (single, [rank])
     problems: list[str] = []
     compiled = []  # (label, case, members, recorder, compiled function), kept across the cycles
@@ -293,7 +205,7 @@ def _compiled_matrix(ctx: Rank, cases: tuple[str, ...]) -> list[str]:
                 compiled.append((label, f"{case} [{backend}]", members, recorder, function))
     # Since the last reset, each kept function compiles once more, before any cycle; after
     # each cycle it must run that same compiled code again (or a recompiled graph).
-    stages = _stages(active)
+    stages = gated.stages(active)
     next(stages)
     for stage in itertools.chain(["before any cycle, compiled again after the reset"], stages):
         for label, case, members, recorder, function in compiled:
@@ -323,7 +235,7 @@ def _assert_no_problems(reports: list[list[str]]) -> None:
     assert not lines, "\n".join(lines)
 
 
-@GATES
+@gated.GATES
 def test_compiled_collectives_run_as_one_graph_on_every_kind_of_group(env) -> None:
     """Dynamo remaps a collective only when the callee is torch's own function (a key of
     ``traceable_collective_remaps``) and the group is one it can lift into the graph. Gate off,
@@ -336,12 +248,12 @@ def test_compiled_collectives_run_as_one_graph_on_every_kind_of_group(env) -> No
             functools.partial(_compiled_matrix, cases=COLLECTIVES),
             2,
             env=env,
-            timeout=RANK_TIMEOUT,
+            timeout=gated.RANK_TIMEOUT,
         )
     )
 
 
-@GATES
+@gated.GATES
 def test_compiled_p2p_runs_as_one_graph_when_torch_enables_it(env) -> None:
     """With ``TORCHDYNAMO_ENABLE_P2P_COMPILATION=1`` torch compiles ``isend``/``irecv`` and
     ``batch_isend_irecv`` in one graph (the control); our wrappers and groups must too."""
@@ -350,7 +262,7 @@ def test_compiled_p2p_runs_as_one_graph_when_torch_enables_it(env) -> None:
             functools.partial(_compiled_matrix, cases=P2P),
             2,
             env={**env, "TORCHDYNAMO_ENABLE_P2P_COMPILATION": "1"},
-            timeout=RANK_TIMEOUT,
+            timeout=gated.RANK_TIMEOUT,
         )
     )
 
@@ -360,11 +272,11 @@ def _p2p_breaks(ctx: Rank) -> dict[str, Any]:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     torch._dynamo.config.recompile_limit = 64
     out: dict[str, Any] = {}
     compiled = []
-    for label, group in _pair_groups(dist, active).items():
+    for label, group in gated.pair_groups(dist, active).items():
         functions = _cases(group, [0, 1], ctx.rank)
         for case in P2P:
             torch._dynamo.reset()  # each case afresh: nothing learnt from another group
@@ -377,7 +289,7 @@ def _p2p_breaks(ctx: Rank) -> dict[str, Any]:
                 "graphs": len(recorder.graphs),
             }
             compiled.append((f"{label}: {case}", function))
-    stages = _stages(active)
+    stages = gated.stages(active)
     next(stages)
     for stage in stages:
         for what, function in compiled:
@@ -390,8 +302,8 @@ def test_compiled_p2p_breaks_the_graph_exactly_where_torch_does() -> None:
     ``batch_isend_irecv`` and runs them eagerly. Gate on, the same breaks must happen (same
     kinds, same count) on WORLD, on a native group and on a reloadable one, with the same
     values, before and after reloads."""
-    control = run_ranks(_p2p_breaks, 2, env=OFF, timeout=RANK_TIMEOUT)
-    ours = run_ranks(_p2p_breaks, 2, env=ON, timeout=RANK_TIMEOUT)
+    control = run_ranks(_p2p_breaks, 2, env=gated.OFF, timeout=gated.RANK_TIMEOUT)
+    ours = run_ranks(_p2p_breaks, 2, env=gated.ON, timeout=gated.RANK_TIMEOUT)
     want_value = _expect("isend/irecv", 0, [0, 1])
     for rank in range(2):
         for case in P2P:
@@ -404,7 +316,7 @@ def test_compiled_p2p_breaks_the_graph_exactly_where_torch_does() -> None:
                 assert got == want, f"rank {rank}, {key}: gate on {got}, gate off {want}"
             got = ours[rank][f"reloadable: {case}"]
             assert got == native, f"rank {rank}, reloadable: {case}: {got}, native group {native}"
-            for cycle in range(1, CYCLES + 1):
+            for cycle in range(1, gated.CYCLES + 1):
                 for label in ("world", "native", "reloadable"):
                     key = f"after cycle {cycle}, {label}: {case}"
                     assert ours[rank][key] == want_value, (rank, key)
@@ -451,21 +363,21 @@ def _functional(ctx: Rank) -> None:
     import torch.distributed._functional_collectives as funcol
     from torch.distributed import distributed_c10d as c10d
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     rank = ctx.rank
-    groups = _pair_and_single(dist, active, rank)
+    groups = gated.pair_and_single(dist, active, rank)
     cached = {label: group.group_name for label, (group, _) in groups.items()}
     compiled = {}
     for label, (group, _) in groups.items():
         recorder = _Recorder()
         compiled[label] = (recorder, torch.compile(_funcol_reduce(group), backend=recorder))
-    for stage in _stages(active):
+    for stage in gated.stages(active):
         for label, (group, members) in groups.items():
             want = _funcol_expected(members, rank)
             targets = {"the group": group, "its cached name": cached[label]}
             for how, target in targets.items():
                 if isinstance(target, str):  # resolve first: a wrong group would hang the peer
-                    _, ranks = _resolve_ranks(c10d._resolve_process_group, target)
+                    _, ranks = gated.resolve_ranks(c10d._resolve_process_group, target)
                     assert ranks == members, f"{stage}: {label} by {how} {target!r}: {ranks}"
                 got = _funcol_values(funcol, target, members, rank)
                 assert got == want, f"{stage}: funcol on {label} by {how}: {got}, want {want}"
@@ -477,13 +389,13 @@ def _functional(ctx: Rank) -> None:
             assert recorder.functional(), f"{stage}: no functional collective in the graph"
 
 
-@GATES
+@gated.GATES
 def test_functional_collectives_take_reloadable_groups_and_their_names(env) -> None:
     """``_functional_collectives`` resolve a group by name through torch's registry. A reloadable
     group, the name it had before the cycles, and a compiled call that captured it must reach
     the same members before and after each reload; single-rank groups expose a misroute (its
     sum would include the other rank)."""
-    run_ranks(_functional, 2, env=env, timeout=RANK_TIMEOUT)
+    run_ranks(_functional, 2, env=env, timeout=gated.RANK_TIMEOUT)
 
 
 # ---- 3. c10d lookups ---------------------------------------------------------------------
@@ -497,14 +409,14 @@ def _c10d_lookups(ctx: Rank) -> None:
     from torch.distributed import distributed_c10d as c10d
     from torch.distributed.device_mesh import DeviceMesh
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     rank = ctx.rank
     names = ("get_process_group_ranks", "get_rank", "get_world_size", "get_group_rank")
     names += ("get_global_rank", "_get_group_tag", "broadcast_object_list")
     torch_fn = {name: inspect.unwrap(getattr(c10d, name)) for name in names}
     # Bound by device_mesh when torch.distributed imported it, before any hook could fire.
     mesh_ranks = device_mesh_module.get_process_group_ranks
-    groups = _pair_and_single(dist, active, rank)
+    groups = gated.pair_and_single(dist, active, rank)
     pair = groups["pair"][0]
     from tests.support import late_c10d as late  # bound after start-up, from distributed_c10d
 
@@ -512,12 +424,12 @@ def _c10d_lookups(ctx: Rank) -> None:
         mesh_before, mesh_error = DeviceMesh.from_group(pair, "cpu"), ""
     except Exception as error:
         mesh_before, mesh_error = None, f"{type(error).__name__}: {error}"
-    for stage in _stages(active):
+    for stage in gated.stages(active):
         problems = []
         if mesh_error:
             problems.append(f"{stage}: DeviceMesh.from_group(g, 'cpu') raised {mesh_error}")
         for label, (group, members) in groups.items():
-            native = _unwrap(group) if active else group
+            native = gated.unwrap(group) if active else group
             index, tag = members.index(rank), torch_fn["_get_group_tag"]
             calls = [
                 ("get_process_group_ranks(g)", torch_fn["get_process_group_ranks"], (), members),
@@ -588,7 +500,7 @@ def _c10d_lookups(ctx: Rank) -> None:
                 assert (a.item(), b.item()) == (3.0, 30.0), f"{what}: sums {a.item(), b.item()}"
 
 
-@GATES
+@gated.GATES
 def test_torchs_own_c10d_functions_accept_reloadable_groups(env) -> None:
     """torch's c10d functions look groups up in ``_world`` maps keyed by the native object, and
     torch's modules bound them at import (DeviceMesh binds ``get_process_group_ranks``). Given a
@@ -596,22 +508,22 @@ def test_torchs_own_c10d_functions_accept_reloadable_groups(env) -> None:
     ``distributed_c10d`` after start-up must give the native group's answer; ``DeviceMesh``
     ``.from_group`` must work; ops inside ``_coalescing_manager`` must join the batch (torch's
     ``_IllegalWork`` marker), as they do for a native group in the control."""
-    run_ranks(_c10d_lookups, 2, env=env, timeout=RANK_TIMEOUT)
+    run_ranks(_c10d_lookups, 2, env=env, timeout=gated.RANK_TIMEOUT)
 
 
 def _late_rebind(ctx: Rank) -> dict[str, Any]:
     import torch
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     import reloadpg_autopatch as rpg
 
     rpg.set_wrap_policy("all")
     group = dist.new_group([0, 1])
-    _reloadable(active, group)
+    gated.reloadable(active, group)
     from tests.support import late_rebind as late  # holds torch's original when its code runs
 
     out = {"rebound": late.all_reduce is dist.all_reduce, "sums": []}
-    for _stage in _stages(active):
+    for _stage in gated.stages(active):
         t = torch.tensor([ctx.rank + 1.0])
         late.all_reduce(t, group=group)
         out["sums"].append(t.item())
@@ -628,10 +540,10 @@ def test_rebind_sweeps_a_module_under_the_prefixes_when_it_finishes_importing(
     is imported after start-up and holds torch's original must be swept when it finishes
     importing, so its calls reach reloadable groups through the wrapper. Any spelling the sweep
     accepts (spaces, a trailing comma) counts the same at start-up."""
-    env = {**ON, "SLIME_RELOADABLE_PG_REBIND": prefixes}
-    for report in run_ranks(_late_rebind, 2, env=env, timeout=RANK_TIMEOUT):
+    env = {**gated.ON, "SLIME_RELOADABLE_PG_REBIND": prefixes}
+    for report in run_ranks(_late_rebind, 2, env=env, timeout=gated.RANK_TIMEOUT):
         assert report["rebound"], "tests.support.late_rebind.all_reduce is still torch's original"
-        assert report["sums"] == [3.0] * (CYCLES + 1)
+        assert report["sums"] == [3.0] * (gated.CYCLES + 1)
 
 
 # ---- 4. Megatron -------------------------------------------------------------------------
@@ -642,7 +554,7 @@ def _megatron(ctx: Rank) -> list[dict[str, Any]]:
     from megatron.core import parallel_state as ps
     from torch.distributed import distributed_c10d as c10d
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     rank = ctx.rank
     if active:
         import reloadpg_autopatch as rpg
@@ -650,7 +562,7 @@ def _megatron(ctx: Rank) -> list[dict[str, Any]]:
         rpg.register_default_process_group(accelerator_backends=("gloo",))
 
     def natives() -> int:
-        return sum(1 for pg in c10d._world.pg_map if type(pg) is _native_type())
+        return sum(1 for pg in c10d._world.pg_map if type(pg) is gated.native_type())
 
     def check(stage: str, tp: Any, dp_gloo: Any) -> None:
         for label, group, want in (("tp", tp, 3.0), ("dp_gloo", dp_gloo, rank + 1.0)):
@@ -659,9 +571,9 @@ def _megatron(ctx: Rank) -> list[dict[str, Any]]:
             assert t.item() == want, f"{stage}: all_reduce on Megatron's {label}: {t.item()}"
 
     reports = []
-    stages = _stages(active)
+    stages = gated.stages(active)
     next(stages)
-    for cycle in range(1, CYCLES + 1):
+    for cycle in range(1, gated.CYCLES + 1):
         ps.initialize_model_parallel(tensor_model_parallel_size=2)
         gloo = {
             "data_parallel_gloo": ps.get_data_parallel_group_gloo(),
@@ -671,14 +583,14 @@ def _megatron(ctx: Rank) -> list[dict[str, Any]]:
             "expert_data_parallel_gloo": ps.get_expert_data_parallel_group_gloo(),
         }
         tp = ps.get_tensor_model_parallel_group()
-        _reloadable(active, tp, *gloo.values())
+        gated.reloadable(active, tp, *gloo.values())
         check(f"cycle {cycle}, after init", tp, gloo["data_parallel_gloo"])
         stage = next(stages)  # destroy + reload (gate on)
         check(f"{stage}", tp, gloo["data_parallel_gloo"])
         # Megatron destroys a gloo group only if torch's map knows it: its own test, verbatim.
         unknown = [k for k, g in gloo.items() if c10d._world.pg_map.get(g, None) is None]
         assert not unknown, f"{stage}: _world.pg_map.get(group) is None for {unknown}"
-        held = {k: (_unwrap(g) if active else g) for k, g in gloo.items()}
+        held = {k: (gated.unwrap(g) if active else g) for k, g in gloo.items()}
         before = natives()
         ps.destroy_model_parallel()
         after = natives()
@@ -702,14 +614,14 @@ def _megatron(ctx: Rank) -> list[dict[str, Any]]:
     return reports
 
 
-@GATES
+@gated.GATES
 def test_megatron_destroy_model_parallel_destroys_its_gloo_groups(env) -> None:
     """``destroy_model_parallel`` destroys a gloo group only when
     ``_world.pg_map.get(group)`` finds it. After a destroy/reload, Megatron's own call must
     free exactly the native groups it means to (counted in torch's map, as in the control),
     and torch must then refuse the destroyed groups, while the groups it keeps still work."""
-    for reports in run_ranks(_megatron, 2, env=env, timeout=RANK_TIMEOUT):
-        assert len(reports) == CYCLES
+    for reports in run_ranks(_megatron, 2, env=env, timeout=gated.RANK_TIMEOUT):
+        assert len(reports) == gated.CYCLES
         for report in reports:
             assert report["distinct"] == 3
             assert report["destroyed"] == report["distinct"], report
@@ -717,43 +629,21 @@ def test_megatron_destroy_model_parallel_destroys_its_gloo_groups(env) -> None:
             assert report["usable"] == [], report
 
 
-# ---- 5. Names, DeviceMesh, DTensor, FSDP2 ------------------------------------------------
-
-
-def _world_in_cycle(active: bool) -> None:
-    """Gate on: gloo plays the accelerator, so WORLD itself is swapped out and back."""
-    if active:
-        import reloadpg_autopatch as rpg
-
-        rpg.register_default_process_group(accelerator_backends=("gloo",))
-
-
-def _resolve_ranks(resolve: Any, *args: Any) -> tuple[Any, Any]:
-    """(group, its ranks per torch) or (None, the error) for a lookup that may fail."""
-    from torch.distributed import distributed_c10d as c10d
-
-    try:
-        group = resolve(*args)
-        return group, c10d.get_process_group_ranks(group)
-    except Exception as error:
-        return None, f"{type(error).__name__}: {error}"
-
-
 def _names(ctx: Rank) -> list[dict[str, Any]]:
     import torch
     from torch.distributed import distributed_c10d as c10d
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     rank = ctx.rank
-    _world_in_cycle(active)
+    gated.world_in_cycle(active)
     want = {"dp": [0, 1], "tp": [rank]}
     # A mesh made before the user's groups (their replay can take its names) and one after.
     meshes = {"first mesh": init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))}
     pair = dist.new_group([0, 1])
     single = [dist.new_group([0]), dist.new_group([1])][rank]
     local = dist.new_group([0, 1], use_local_synchronization=True)  # a hashed name
-    _reloadable(active, pair, single, local)
+    gated.reloadable(active, pair, single, local)
     meshes["last mesh"] = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
     live = {"pair": (pair, [0, 1]), "single": (single, [rank]), "local pair": (local, [0, 1])}
     cached = {label: (group.group_name, members) for label, (group, members) in live.items()}
@@ -761,21 +651,21 @@ def _names(ctx: Rank) -> list[dict[str, Any]]:
         for index, (dim, members) in enumerate(want.items()):
             cached[f"{mesh_label} {dim}"] = (mesh._dim_group_names[index], members)
     reports = []
-    for stage in _stages(active):
+    for stage in gated.stages(active):
         seen, expected, groups = {}, {}, {}
         for mesh_label, mesh in meshes.items():
             for dim, members in want.items():
                 what = f"{mesh_label}.get_group({dim!r})"
-                groups[what], seen[what] = _resolve_ranks(mesh.get_group, dim)
+                groups[what], seen[what] = gated.resolve_ranks(mesh.get_group, dim)
                 expected[what] = members
         for label, (name, members) in cached.items():
             what = f"cached name {name!r} of {label}"
-            groups[what], seen[what] = _resolve_ranks(c10d._resolve_process_group, name)
+            groups[what], seen[what] = gated.resolve_ranks(c10d._resolve_process_group, name)
             expected[what] = members
         for label, (group, members) in live.items():
             what = f"current name of {label}"
             name = group.group_name
-            groups[what], seen[what] = _resolve_ranks(c10d._resolve_process_group, name)
+            groups[what], seen[what] = gated.resolve_ranks(c10d._resolve_process_group, name)
             expected[what] = members
         wrong = {k: f"{seen[k]}, want {m}" for k, m in expected.items() if seen[k] != m}
         assert not wrong, f"{stage}: " + "; ".join(f"{k}: {v}" for k, v in wrong.items())
@@ -788,16 +678,16 @@ def _names(ctx: Rank) -> list[dict[str, Any]]:
     return reports
 
 
-@GATES
+@gated.GATES
 def test_every_cached_name_resolves_to_the_same_group_after_each_reload(env) -> None:
     """DeviceMesh and functional collectives find groups by name, and destroying WORLD resets
     torch's group counter. After each cycle (WORLD included), every name cached before it (by
     ``init_device_mesh``, by the user through ``group_name``, a hashed name from
     ``use_local_synchronization``) must resolve on every rank to a live group with the same
     members, and a real all_reduce on it must give the members' sum."""
-    reports = run_ranks(_names, 2, env=env, timeout=RANK_TIMEOUT)
+    reports = run_ranks(_names, 2, env=env, timeout=gated.RANK_TIMEOUT)
     for rank, stages in enumerate(reports):
-        assert len(stages) == CYCLES + 1
+        assert len(stages) == gated.CYCLES + 1
         for seen in stages:
             assert seen["first mesh.get_group('tp')"] == [rank]
             assert seen["last mesh.get_group('dp')"] == [0, 1]
@@ -808,8 +698,8 @@ def _dtensor(ctx: Rank) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    _, active = _start(ctx)
-    _world_in_cycle(active)
+    _, active = gated.start(ctx)
+    gated.world_in_cycle(active)
     mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
     full = torch.arange(8.0).reshape(4, 2)
     mine = full[2 * ctx.rank : 2 * ctx.rank + 2]
@@ -817,7 +707,7 @@ def _dtensor(ctx: Rank) -> None:
         "2-D": distribute_tensor(full, mesh, [Shard(0), Replicate()]),
         "dp": distribute_tensor(full, mesh["dp"], [Shard(0)]),
     }
-    for stage in _stages(active):
+    for stage in gated.stages(active):
         try:
             fresh = {
                 "2-D": distribute_tensor(full, mesh, [Shard(0), Replicate()]),
@@ -833,13 +723,13 @@ def _dtensor(ctx: Rank) -> None:
                 assert torch.equal((dt * 2).full_tensor(), 2 * full), f"{what}: dt * 2"
 
 
-@GATES
+@gated.GATES
 def test_dtensor_full_tensor_round_trips_across_cycles(env) -> None:
     """``distribute_tensor(...).full_tensor()`` runs collectives on the groups DeviceMesh holds
     by name; on an ``init_device_mesh`` mesh whose WORLD takes part in the cycle, it must give
     back the original tensor before and after each reload, for DTensors made before the cycles
     and after them."""
-    run_ranks(_dtensor, 2, env=env, timeout=RANK_TIMEOUT)
+    run_ranks(_dtensor, 2, env=env, timeout=gated.RANK_TIMEOUT)
 
 
 def _fsdp2(ctx: Rank, mesh_kind: str) -> None:
@@ -851,14 +741,14 @@ def _fsdp2(ctx: Rank, mesh_kind: str) -> None:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     rank = ctx.rank
-    _world_in_cycle(active)
+    gated.world_in_cycle(active)
     if mesh_kind == "init_device_mesh":
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
     else:
         pair = dist.new_group([0, 1])
-        _reloadable(active, pair)
+        gated.reloadable(active, pair)
         mesh = DeviceMesh.from_group(pair, "cpu", mesh_dim_names=("dp",))
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
@@ -869,7 +759,7 @@ def _fsdp2(ctx: Rank, mesh_kind: str) -> None:
     held = model._get_fsdp_state()._fsdp_param_group.mesh_info.shard_process_group
     torch_ranks = inspect.unwrap(c10d.get_process_group_ranks)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step, stage in enumerate(_stages(active)):
+    for step, stage in enumerate(gated.stages(active)):
         # gloo keeps serving a destroyed group; NCCL would not: ask torch whether it is live.
         try:
             ranks = torch_ranks(held)
@@ -901,7 +791,7 @@ def _fsdp2(ctx: Rank, mesh_kind: str) -> None:
             assert torch.allclose(got, want), f"{what}: {name} after the step {got} != {want}"
 
 
-@GATES
+@gated.GATES
 @pytest.mark.parametrize("mesh_kind", ["init_device_mesh", "from_group"])
 def test_fsdp2_trains_across_cycles(env, mesh_kind) -> None:
     """FSDP2 ``fully_shard`` runs on CPU over gloo (no CUDA needed). It keeps the group object
@@ -910,7 +800,9 @@ def test_fsdp2_trains_across_cycles(env, mesh_kind) -> None:
     destroyed group; NCCL would not), and a forward/backward/step must give exactly what an
     unsharded copy trained by hand gives, over a mesh from ``init_device_mesh`` (WORLD in the
     cycle) and one from ``DeviceMesh.from_group`` on a reloadable group (Megatron's FSDP path)."""
-    run_ranks(functools.partial(_fsdp2, mesh_kind=mesh_kind), 2, env=env, timeout=RANK_TIMEOUT)
+    run_ranks(
+        functools.partial(_fsdp2, mesh_kind=mesh_kind), 2, env=env, timeout=gated.RANK_TIMEOUT
+    )
 
 
 # ---- 6. State ----------------------------------------------------------------------------
@@ -922,15 +814,15 @@ def _state(ctx: Rank) -> list[dict[str, Any]]:
     import torch
     from torch.distributed import distributed_c10d as c10d
 
-    dist, active = _start(ctx, timeout=77 * 60)  # init_process_group(timeout=77 minutes)
-    _world_in_cycle(active)  # registered without a timeout, as the README says
+    dist, active = gated.start(ctx, timeout=77 * 60)  # init_process_group(timeout=77 minutes)
+    gated.world_in_cycle(active)  # registered without a timeout, as the README says
     group = dist.new_group([0, 1], timeout=timedelta(seconds=77), group_desc="x")
     cpu_only = dist.new_group([0, 1], backend="cpu:gloo")
-    _reloadable(active, group, cpu_only)
+    gated.reloadable(active, group, cpu_only)
     cpu = torch.device("cpu")
     reports = []
-    for stage in _stages(active):
-        native = _unwrap(group) if active else group
+    for stage in gated.stages(active):
+        native = gated.unwrap(group) if active else group
         world = c10d._get_default_group()
         reports.append(
             {
@@ -939,7 +831,7 @@ def _state(ctx: Rank) -> list[dict[str, Any]]:
                 "group timeout": native._get_backend(cpu).options._timeout,
                 "group_desc": native.group_desc,
                 "backend config": str(
-                    c10d._world.pg_backend_config[_unwrap(cpu_only) if active else cpu_only]
+                    c10d._world.pg_backend_config[gated.unwrap(cpu_only) if active else cpu_only]
                 ),
             }
         )
@@ -949,15 +841,15 @@ def _state(ctx: Rank) -> list[dict[str, Any]]:
     return reports
 
 
-@GATES
+@gated.GATES
 def test_reload_replays_timeout_description_and_backend(env) -> None:
     """A group comes back with everything it was created with: its timeout (torch keeps it in
     the backend's options), ``group_desc`` and backend; WORLD registered without a timeout
     comes back with the 77 minutes of its ``init_process_group``, not torch's default."""
     from datetime import timedelta
 
-    for reports in run_ranks(_state, 2, env=env, timeout=RANK_TIMEOUT):
-        assert len(reports) == CYCLES + 1
+    for reports in run_ranks(_state, 2, env=env, timeout=gated.RANK_TIMEOUT):
+        assert len(reports) == gated.CYCLES + 1
         for report in reports:
             assert report["world timeout"] == timedelta(minutes=77), report
             assert report["group timeout"] == timedelta(seconds=77), report
@@ -971,19 +863,19 @@ def test_reload_replays_timeout_description_and_backend(env) -> None:
 def _pickles(ctx: Rank, names: tuple[str, ...] = ()) -> dict[str, Any]:
     import pickle
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     if active:
         import reloadpg_autopatch as rpg
 
         rpg.set_wrap_policy("all")
         group = dist.new_group([0, 1])
-        _reloadable(active, group)
+        gated.reloadable(active, group)
         marked = [
             n for n, v in vars(dist).items() if callable(v) and hasattr(v, "__reloadpg_autopatch__")
         ]
         names = tuple(sorted({*names, *marked}))
     failures: dict[str, list[str]] = {}  # name -> what went wrong, one entry per stage
-    for stage in _stages(active):
+    for stage in gated.stages(active):
         for name in names:
             obj = getattr(dist, name)
             try:
@@ -999,11 +891,15 @@ def test_wrappers_pickle_by_reference_like_torchs_own() -> None:
     the ``torch.distributed`` namespace (``all_reduce``, ``new_subgroups``, ``P2POp``, ...) must
     round-trip to the very same object, as torch's own do with the gate off."""
     must = ("all_reduce", "new_subgroups", "P2POp")
-    ours = run_ranks(functools.partial(_pickles, names=must), 2, env=ON, timeout=RANK_TIMEOUT)
+    ours = run_ranks(
+        functools.partial(_pickles, names=must), 2, env=gated.ON, timeout=gated.RANK_TIMEOUT
+    )
     names = ours[0]["names"]
     assert set(must) <= set(names), names
     assert len(names) > len(must), names
-    control = run_ranks(functools.partial(_pickles, names=names), 2, env=OFF, timeout=RANK_TIMEOUT)
+    control = run_ranks(
+        functools.partial(_pickles, names=names), 2, env=gated.OFF, timeout=gated.RANK_TIMEOUT
+    )
     for report in control:
         assert report["failures"] == {}, "torch's own callables must pickle: revisit the control"
     for report in ours:  # one line per callable: how many stages failed, and the first error
@@ -1018,15 +914,15 @@ def _copies(ctx: Rank) -> list[bool]:
 
     import torch
 
-    dist, active = _start(ctx)
+    dist, active = gated.start(ctx)
     import reloadpg_autopatch as rpg
 
     rpg.set_wrap_policy("all")
     group = dist.new_group([0, 1])
-    _reloadable(active, group)
+    gated.reloadable(active, group)
     config = {"group": group, "weights": torch.ones(2)}
     seen = []
-    for _stage in _stages(active):
+    for _stage in gated.stages(active):
         seen.append(copy.copy(group) is group)
         seen.append(copy.deepcopy(group) is group)
         seen.append(copy.deepcopy(config)["group"] is group)
@@ -1040,8 +936,8 @@ def test_copy_and_deepcopy_of_a_reloadable_group_give_the_group_itself() -> None
     """Megatron deep-copies configs that hold groups; a reloadable group is a handle, so
     ``copy.copy``/``copy.deepcopy`` return it unchanged (as the package documents; torch's
     native ``ProcessGroup`` cannot be copied at all), whether live or destroyed."""
-    for seen in run_ranks(_copies, 2, env=ON, timeout=RANK_TIMEOUT):
-        assert len(seen) == 4 * (CYCLES + 1)
+    for seen in run_ranks(_copies, 2, env=gated.ON, timeout=gated.RANK_TIMEOUT):
+        assert len(seen) == 4 * (gated.CYCLES + 1)
         assert all(seen), seen
 
 
@@ -1075,4 +971,6 @@ def test_compiled_collectives_after_a_late_patch() -> None:
     """Patched after ``_functional_collectives`` was imported (gate off, an explicit call),
     Dynamo's remap table was built from torch's originals: ``all_reduce`` must still compile
     into one graph with a functional collective, on WORLD and on a reloadable group."""
-    _assert_no_problems(run_ranks(_compiled_after_a_late_patch, 2, env=OFF, timeout=RANK_TIMEOUT))
+    _assert_no_problems(
+        run_ranks(_compiled_after_a_late_patch, 2, env=gated.OFF, timeout=gated.RANK_TIMEOUT)
+    )

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from tests.support import guard_ranks, memory_probes
 from tests.support.ranks import GATE, Rank, run_ranks, total
 
 pytestmark = pytest.mark.timeout(300)
 
 MIN_FREE_ENV = "SLIME_RELOADABLE_PG_MIN_FREE_GB"
 EVERY_CALL_ENV = "SLIME_RELOADABLE_PG_MEMORY_GUARD_EVERY_CALL"
-TIMEOUT = timedelta(seconds=30)
 GiB = 2**30
 #: Slack for rounding between the package's clock and the test's (ms).
 EPS_MS = 2.0
@@ -48,14 +47,6 @@ needs_reconfigure = pytest.mark.skipif(
 )
 
 
-# ---- what the ranks share --------------------------------------------------------------------
-
-
-def _begin(ctx: Rank, policy: str = "all") -> Any:
-    """Join WORLD in a rank the gate patched at start-up; return torch.distributed."""
-    return ctx.begin(policy=policy, timeout=TIMEOUT.total_seconds())
-
-
 def _broadcast(group: Any, rank: int, value: float) -> float:
     import torch
     import torch.distributed as dist
@@ -65,137 +56,10 @@ def _broadcast(group: Any, rank: int, value: float) -> float:
     return t.item()
 
 
-class _GcRuns:
-    """Counts the collector's runs (``gc.callbacks``' start phase) while it is disabled.
-
-    With automatic collection off, every run seen is an explicit ``gc.collect()``.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self.count += 1
-
-    def __enter__(self) -> _GcRuns:
-        import gc
-
-        gc.collect()  # nothing left over for a later run to be blamed on
-        gc.disable()
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        import gc
-
-        gc.callbacks.remove(self)
-        gc.enable()
-
-
-class _Probe:
-    """The test's memory probe: returns figures the test chooses and counts every call.
-
-    ``timeline`` records each query and each clear with how many times the collector had run
-    by then, so that a test sees ``gc.collect()`` run between a low reading and its clear.
-    ``step`` bytes are added to ``free`` per query, so that every reading is distinct.
-    """
-
-    def __init__(
-        self, gc_runs: _GcRuns, free_gib: float, total_gib: float = 80.0, step: int = 0
-    ) -> None:
-        self.gc_runs = gc_runs
-        self.free_gib = free_gib
-        self.total_gib = total_gib
-        self.step = step
-        self.timeline: list[tuple[str, str, int]] = []  # (what, device type, gc runs)
-        self.returned: list[Any] = []
-
-    @property
-    def calls(self) -> list[tuple[str, str, int]]:
-        return [event for event in self.timeline if event[0] == "probe"]
-
-    @property
-    def clears(self) -> list[tuple[str, str, int]]:
-        return [event for event in self.timeline if event[0] == "clear"]
-
-    def figures(self) -> Any:
-        import reloadpg_autopatch as rpg
-
-        return rpg.MemoryFigures(
-            free=int(self.free_gib * GiB) + self.step * len(self.returned),
-            total=int(self.total_gib * GiB),
-            allocated=int(0.25 * self.total_gib * GiB),
-            reserved=int(0.5 * self.total_gib * GiB),
-        )
-
-    def __call__(self, device: Any) -> Any:
-        self.timeline.append(("probe", device.type, self.gc_runs.count))
-        figures = self.figures()
-        self.returned.append(figures)
-        return figures
-
-    def clear(self, device: Any) -> None:
-        self.timeline.append(("clear", device.type, self.gc_runs.count))
-
-    def install(self) -> None:
-        import reloadpg_autopatch as rpg
-
-        rpg.set_memory_probe(self, device_types=("cpu",), clear=self.clear)
-
-    def mark(self) -> tuple[int, int]:
-        return len(self.timeline), self.gc_runs.count
-
-    def since(self, mark: tuple[int, int]) -> dict[str, int]:
-        events, runs = mark
-        later = [what for what, _, _ in self.timeline[events:]]
-        return {
-            "probe": later.count("probe"),
-            "clear": later.count("clear"),
-            "gc": self.gc_runs.count - runs,
-        }
-
-    def collected_before_each_clear(self, start: int) -> bool:
-        """Whether every clear from ``start`` on came after a run of the collector that came
-        after the query before it."""
-        last_query = None
-        for what, _, runs in self.timeline[start:]:
-            if what == "probe":
-                last_query = runs
-            elif last_query is None or runs <= last_query:
-                return False
-        return True
-
-    def devices(self, start: int) -> list[str]:
-        return sorted({kind for _, kind, _ in self.timeline[start:]})
-
-
-def dist_new_group() -> Any:
-    import torch.distributed as dist
-
-    return dist.new_group([0, 1])
-
-
-def _records(level: int = 10) -> list[Any]:
-    """Collect the ``reloadpg_autopatch`` logger's records from now on (in this rank)."""
-    import logging
-
-    records: list[Any] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    logger = logging.getLogger("reloadpg_autopatch")
-    logger.addHandler(Keep(level))
-    logger.setLevel(min(logger.getEffectiveLevel(), level))
-    return records
-
-
 # ---- 1, 2, 4 and the API off switch: the guard's decisions in wrapper mode ---------------------
 
 
-def _use(a: Any, b: Any, rank: int, cycle: int, probe: _Probe) -> dict:
+def _use(a: Any, b: Any, rank: int, cycle: int, probe: memory_probes.TimelineProbe) -> dict:
     """The first collective on each group, then more: what the probe saw after each."""
     start = probe.mark()
     sums = [total(a, rank + 1)]
@@ -219,13 +83,13 @@ def _use(a: Any, b: Any, rank: int, cycle: int, probe: _Probe) -> dict:
 def _guard(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
-    _begin(ctx)
+    guard_ranks.begin(ctx)
     out: dict[str, Any] = {}
-    with _GcRuns() as gc_runs:
-        probe = _Probe(gc_runs, free_gib=1.0)  # below slime's 3 GiB
+    with memory_probes.GcRuns() as gc_runs:
+        probe = memory_probes.TimelineProbe(gc_runs, free_gib=1.0)  # below slime's 3 GiB
         probe.install()
         out["default_guard"] = tuple(rpg.get_memory_guard())
-        a, b, unused = (dist_new_group() for _ in range(3))
+        a, b, unused = (guard_ranks.dist_new_group() for _ in range(3))
         out["at_creation"] = _use(a, b, ctx.rank, -1, probe)
 
         low = []
@@ -346,12 +210,12 @@ def test_guard_set_to_zero_never_queries(guard_reports) -> None:
 def _guard_from_env(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
-    records = _records()  # before anything reads the variable in this rank's own code
-    _begin(ctx)
-    with _GcRuns() as gc_runs:
-        probe = _Probe(gc_runs, free_gib=1.0)
+    records = guard_ranks.records()  # before anything reads the variable in this rank's own code
+    guard_ranks.begin(ctx)
+    with memory_probes.GcRuns() as gc_runs:
+        probe = memory_probes.TimelineProbe(gc_runs, free_gib=1.0)
         probe.install()
-        a, b = dist_new_group(), dist_new_group()
+        a, b = guard_ranks.dist_new_group(), guard_ranks.dist_new_group()
         created = _use(a, b, ctx.rank, -1, probe)  # before any reload
         rpg.destroy_process_groups()
         rpg.reload_process_groups()
@@ -446,9 +310,9 @@ def _notes(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    _begin(ctx)
-    with _GcRuns() as gc_runs:
-        probe = _Probe(gc_runs, free_gib=1.5, total_gib=79.5)
+    guard_ranks.begin(ctx)
+    with memory_probes.GcRuns() as gc_runs:
+        probe = memory_probes.TimelineProbe(gc_runs, free_gib=1.5, total_gib=79.5)
         probe.install()
         pair = dist.new_group([0, 1])
         out = {
@@ -484,7 +348,7 @@ def _control(ctx: Rank) -> dict:
 
     warnings.simplefilter("ignore", FutureWarning)
     assert not hasattr(dist.all_gather, "__reloadpg_autopatch__"), "the gate-off run is patched"
-    ctx.init(timeout=TIMEOUT.total_seconds())
+    ctx.init(timeout=guard_ranks.TIMEOUT.total_seconds())
     return {
         "group": _described(_failures(dist, dist.new_group([0, 1]))),
         "world": _described(_failures(dist, None)),
@@ -559,8 +423,8 @@ def _hooks(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    _begin(ctx)
-    rpg.register_default_process_group(TIMEOUT, accelerator_backends=("gloo",))
+    guard_ranks.begin(ctx)
+    rpg.register_default_process_group(guard_ranks.TIMEOUT, accelerator_backends=("gloo",))
     world = dist.group.WORLD
     a, b, c = (dist.new_group([0, 1]) for _ in range(3))
     ids = {"world": id(world), "a": id(a), "b": id(b), "c": id(c)}
@@ -736,14 +600,14 @@ def _native(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    _begin(ctx)
+    guard_ranks.begin(ctx)
     groups = [dist.new_group([0, 1]) for _ in range(3)]
     events: list = []
     rec = _Recorder("hook", events)
     rpg.add_reload_hook(before_destroy=rec.before_destroy, after_reload=rec.after_reload)
     cycles = []
-    with _GcRuns() as gc_runs:
-        probe = _Probe(gc_runs, free_gib=1.0)
+    with memory_probes.GcRuns() as gc_runs:
+        probe = memory_probes.TimelineProbe(gc_runs, free_gib=1.0)
         probe.install()
         for _ in range(2):
             start = len(events)
@@ -812,8 +676,8 @@ def _report(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    records = _records(level=20)
-    _begin(ctx)
+    records = guard_ranks.records(level=20)
+    guard_ranks.begin(ctx)
     a, b, c = (dist.new_group([0, 1]) for _ in range(3))
     names = {"a": a.group_name, "b": b.group_name, "c": c.group_name}
     out: dict[str, Any] = {
@@ -824,8 +688,8 @@ def _report(ctx: Rank) -> dict:
         ),
     }
     cycles = []
-    with _GcRuns() as gc_runs:
-        probe = _Probe(gc_runs, free_gib=10.0, step=4096)
+    with memory_probes.GcRuns() as gc_runs:
+        probe = memory_probes.TimelineProbe(gc_runs, free_gib=10.0, step=4096)
         for cycle in range(3):
             row: dict[str, Any] = {}
             hook = None
@@ -986,8 +850,8 @@ def _doctor_in_a_live_rank(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
     from reloadpg_autopatch.tools import doctor
 
-    _begin(ctx)
-    group = dist_new_group()
+    guard_ranks.begin(ctx)
+    group = guard_ranks.dist_new_group()
     before = doctor.diagnose()
     rpg.add_reload_hook(after_reload=lambda groups: None, name="restore pools")
     rpg.set_memory_guard(1.5)

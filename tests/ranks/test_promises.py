@@ -20,114 +20,23 @@ server instead.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, memory_probes, this_tree
 from tests.support.ranks import GATE, HOST, Rank, run_ranks, total
 
 pytestmark = pytest.mark.timeout(300)
 
-TIMEOUT = timedelta(seconds=30)
 GiB = 2**30
 MiB = 2**20
-
-
-# ---- what the ranks share ---------------------------------------------------------------------
-
-
-def _package_from_this_tree() -> Any:
-    """The package, checked to be this tree's (not an editable install of another one)."""
-    import reloadpg_autopatch
-
-    where = Path(reloadpg_autopatch.__file__).resolve()
-    assert where.is_relative_to(ROOT), (
-        f"the rank imported reloadpg_autopatch from {where}, not from {ROOT}: run the tests "
-        f"with PYTHONPATH={ROOT}"
-    )
-    return reloadpg_autopatch
-
-
-def _begin(ctx: Rank, *, world: bool = False, gate: bool = True) -> tuple[Any, Any]:
-    """A gate-patched rank on gloo, every group reloadable; WORLD registered and swapped."""
-    rpg = _package_from_this_tree()
-    return rpg, ctx.begin(gate=gate, world=world, timeout=TIMEOUT.total_seconds())
-
-
-class _GcRuns:
-    """Counts the collector's runs while automatic collection is off: each one is an explicit
-    ``gc.collect()``."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self.count += 1
-
-    def __enter__(self) -> _GcRuns:
-        import gc
-
-        gc.collect()
-        gc.disable()
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        import gc
-
-        gc.callbacks.remove(self)
-        gc.enable()
-
-
-class _Probe:
-    """The test's memory probe: figures it chooses, and a log of every query and clear."""
-
-    def __init__(self, gc_runs: _GcRuns | None = None, free: int = 10 * GiB) -> None:
-        self.gc_runs = gc_runs
-        self.free = free
-        #: Added to ``free`` per query already answered, so that readings differ.
-        self.step = 0
-        self.events: list[str] = []
-        self.returned: list[Any] = []
-
-    def __call__(self, device: Any) -> Any:
-        import reloadpg_autopatch as rpg
-
-        self.events.append("probe")
-        figures = rpg.MemoryFigures(
-            free=self.free + self.step * len(self.returned),
-            total=80 * GiB,
-            allocated=17 * GiB + 3,
-            reserved=29 * GiB + 5,
-        )
-        self.returned.append(figures)
-        return figures
-
-    def clear(self, device: Any) -> None:
-        self.events.append("clear")
-
-    def install(self) -> None:
-        import reloadpg_autopatch as rpg
-
-        rpg.set_memory_probe(self, device_types=("cpu",), clear=self.clear)
-
-    def mark(self) -> tuple[int, int]:
-        return len(self.events), self.gc_runs.count if self.gc_runs else 0
-
-    def since(self, mark: tuple[int, int]) -> dict[str, int]:
-        later = self.events[mark[0] :]
-        runs = (self.gc_runs.count if self.gc_runs else 0) - mark[1]
-        return {"probe": later.count("probe"), "clear": later.count("clear"), "gc": runs}
 
 
 def _logging_store(inner: Any) -> Any:
@@ -191,36 +100,6 @@ def _logging_store(inner: Any) -> Any:
     return Logging()
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    """This environment without any of the package's variables, this tree first on the path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLIME_RELOADABLE_PG")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(extra)
-    return env
-
-
-def _python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=str(ROOT),
-    )
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "reloadpg_autopatch", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=str(ROOT),
-    )
-
-
 # ---- 1. the keys of a store round go with the round -------------------------------------------
 
 #: A key of the package's rendezvous: ``reloadpg_autopatch/<cycle>/<step>/<kind>/...``. Under
@@ -234,9 +113,11 @@ def _is_round_key(key: str) -> bool:
 
 
 def _keys_over_cycles(ctx: Rank) -> dict:
-    rpg, dist = _begin(ctx, world=True)
+    rpg, dist = this_tree.begin(ctx, world=True)
     # The launcher's server, as its own client sees it: ``list_keys()`` is the server's answer.
-    server = dist.TCPStore(HOST, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
+    server = dist.TCPStore(
+        HOST, ctx.port, ctx.world_size, is_master=False, timeout=this_tree.TIMEOUT
+    )
     pair, spare = dist.new_group([0, 1]), dist.new_group([0, 1])
     dist.barrier()
     rounds, torchs, sums = [], [], []
@@ -377,13 +258,15 @@ def test_p2_merge_name_sets_booleans_are_true_if_any_rank_says_so(n: int) -> Non
 def _released_on_rank_1(ctx: Rank) -> dict:
     import torch.distributed as dist
 
-    rpg = _package_from_this_tree()
+    rpg = this_tree.package()
     assert rpg.is_patched()
     rpg.set_wrap_policy("all")
-    inner = dist.TCPStore(HOST, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
+    inner = dist.TCPStore(
+        HOST, ctx.port, ctx.world_size, is_master=False, timeout=this_tree.TIMEOUT
+    )
     store = _logging_store(inner)
     dist.init_process_group(
-        "gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=TIMEOUT
+        "gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=this_tree.TIMEOUT
     )
     everyone = dist.new_group(list(range(ctx.world_size)))
 
@@ -419,10 +302,10 @@ def test_p2_a_group_released_on_one_rank_still_gets_the_created_sync_on_every_ra
 
 
 def _guard_world(ctx: Rank) -> dict:
-    rpg, dist = _begin(ctx, world=True)
+    rpg, dist = this_tree.begin(ctx, world=True)
     out: dict[str, Any] = {}
-    with _GcRuns() as gc_runs:
-        probe = _Probe(gc_runs)
+    with memory_probes.GcRuns() as gc_runs:
+        probe = memory_probes.EventProbe(gc_runs)
         probe.install()
         rpg.set_memory_guard(2.0)
         a = dist.new_group([0, 1])
@@ -507,8 +390,8 @@ def test_p3_worlds_stand_in_is_armed_by_each_reload_and_by_every_call(
 def _interrupted(ctx: Rank) -> dict:
     import torch
 
-    rpg, dist = _begin(ctx)
-    probe = _Probe(free=int(1.5 * GiB))
+    rpg, dist = this_tree.begin(ctx)
+    probe = memory_probes.EventProbe(free=int(1.5 * GiB))
     probe.install()
     pair = dist.new_group([0, 1])
     box: dict[str, Any] = {}
@@ -572,10 +455,10 @@ def test_p4_every_accepted_spelling_of_the_gate() -> None:
     hook, silently; each of ``"" 0 false no off`` leaves the interpreter as with the variable
     unset. Oracle: the interpreter's ``sys.meta_path`` against the gate-unset run; then one
     spelling of each kind end to end, by what ``new_group`` returns after ``import torch``."""
-    baseline = _python(_META_PATH, _clean_env())
+    baseline = this_tree.python(_META_PATH, this_tree.env())
     assert baseline.returncode == 0, baseline.stderr
     for value in ON_SPELLINGS + OFF_SPELLINGS:
-        proc = _python(_META_PATH, _clean_env(SLIME_RELOADABLE_PG=value))
+        proc = this_tree.python(_META_PATH, this_tree.env(SLIME_RELOADABLE_PG=value))
         assert proc.returncode == 0, (value, proc.stderr)
         assert proc.stderr == "", (value, proc.stderr)
         hooked = proc.stdout != baseline.stdout
@@ -588,7 +471,7 @@ def test_p4_every_accepted_spelling_of_the_gate() -> None:
         "print(type(dist.new_group([0])).__name__)\n"
     )
     for value, expected in ((" yEs\t", "ReloadableProcessGroup"), (" OFF ", "ProcessGroup")):
-        proc = _python(end_to_end, _clean_env(SLIME_RELOADABLE_PG=value))
+        proc = this_tree.python(end_to_end, this_tree.env(SLIME_RELOADABLE_PG=value))
         assert proc.returncode == 0, (value, proc.stderr)
         assert proc.stdout.split() == [expected], (value, proc.stdout, proc.stderr)
 
@@ -627,7 +510,7 @@ for name, value in cases:
 def _guards_from_env(cases: list[tuple[str, str]]) -> list[tuple[str, str, list]]:
     proc = subprocess.run(
         [sys.executable, "-c", _GUARD_FROM_ENV, json.dumps(cases)],
-        env=_clean_env(),
+        env=this_tree.env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -668,7 +551,9 @@ def test_p4_a_bogus_mode_falls_back_to_exactly_wrapper_with_one_stderr_line() ->
         "rpg.set_wrap_policy('all')\n"
         "print(type(dist.new_group([0])).__name__)\n"
     )
-    proc = _python(code, _clean_env(SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MODE="bogus"))
+    proc = this_tree.python(
+        code, this_tree.env(SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MODE="bogus")
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["wrapper", "ReloadableProcessGroup"], proc.stdout
     ours = [line for line in proc.stderr.splitlines() if line.startswith("reloadpg_autopatch")]
@@ -682,27 +567,27 @@ def test_p4_demo_accepts_a_world_of_64_ranks() -> None:
     """The demo's bound is 64 ranks (docs/demo.md): 64 passes the argument checks, 65 does not.
     Nothing is started: a later check (``--cycles -1``) stops the command after the world size
     was judged, and the error it gives says which check it was."""
-    env = _clean_env()
-    accepted = _cli("demo", "--world-size", "64", "--cycles", "-1", env=env)
+    env = this_tree.env()
+    accepted = this_tree.cli("demo", "--world-size", "64", "--cycles", "-1", env=env)
     assert accepted.returncode == 2, accepted
     assert "--cycles must be 0 or more" in accepted.stderr, accepted.stderr
     assert "--world-size" not in accepted.stderr, accepted.stderr
-    refused = _cli("demo", "--world-size", "65", "--cycles", "-1", env=env)
+    refused = this_tree.cli("demo", "--world-size", "65", "--cycles", "-1", env=env)
     assert refused.returncode == 2, refused
     assert "--world-size must be at most 64" in refused.stderr, refused.stderr
-    helped = _cli("demo", "--help", env=env)
+    helped = this_tree.cli("demo", "--help", env=env)
     assert helped.returncode == 0, helped
     assert "at most 64" in " ".join(helped.stdout.split()), helped.stdout
 
 
 def test_p4_the_doctor_says_the_guard_is_off_at_zero() -> None:
-    env = _clean_env(SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MIN_FREE_GB="0")
-    as_json = _cli("doctor", "--json", env=env)
+    env = this_tree.env(SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MIN_FREE_GB="0")
+    as_json = this_tree.cli("doctor", "--json", env=env)
     assert as_json.returncode == 0, as_json.stdout + as_json.stderr
     report = json.loads(as_json.stdout)
     assert report["cycle"]["guard"]["min_free_gb"] == 0, report["cycle"]
     assert not [p for p in report["problems"] if "MIN_FREE" in p], report["problems"]
-    text = _cli("doctor", env=env)
+    text = this_tree.cli("doctor", env=env)
     assert text.returncode == 0, text.stdout + text.stderr
     guard = [line.split() for line in text.stdout.splitlines() if line.split()[:1] == ["guard"]]
     assert len(guard) == 1, text.stdout
@@ -728,8 +613,8 @@ def _hooks_pools_report(ctx: Rank) -> dict:
     # gloo has no memory pools: a stand-in that logs, set before any group exists.
     dist.ProcessGroupGloo.register_mem_pool = register_mem_pool
     dist.ProcessGroupGloo.deregister_mem_pool = deregister_mem_pool
-    rpg, dist = _begin(ctx, world=True)
-    probe = _Probe(free=10 * GiB)
+    rpg, dist = this_tree.begin(ctx, world=True)
+    probe = memory_probes.EventProbe(free=10 * GiB)
     probe.step = 3 * MiB + 7  # every reading is larger than the one before: memory was freed
     probe.install()
     a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
@@ -813,7 +698,7 @@ def test_p5_freed_bytes_is_the_difference_of_the_figures_it_is_made_from(
 
 
 def _two_threads_destroy(ctx: Rank) -> dict:
-    rpg, dist = _begin(ctx)
+    rpg, dist = this_tree.begin(ctx)
     group = dist.new_group([0])
     inside, second_done = threading.Event(), threading.Event()
 
@@ -867,7 +752,7 @@ def _threaded_world(ctx: Rank) -> dict:
     import torch.distributed as dist
     from torch.testing._internal.distributed import multi_threaded_pg
 
-    rpg = _package_from_this_tree()
+    rpg = this_tree.package()
     assert rpg.is_patched()
     rpg.set_wrap_policy("all")
     # As torch's MultiThreadedTestCase sets them up: names per thread, a world per thread.
@@ -936,14 +821,14 @@ def _deep_alias_end_to_end(ctx: Rank) -> dict:
     from tests.support import promise_annotations as annotated
 
     warnings.simplefilter("ignore", FutureWarning)
-    rpg = _package_from_this_tree()
+    rpg = this_tree.package()
     assert not rpg.is_patched()
     # As if a future torch had added them to its namespace: the patch derives its set from it.
     for name in (*annotated.TAKE_A_GROUP, "not_a_group"):
         setattr(dist, f"promise_{name}", getattr(annotated, name))
     rpg.monkey_patch_torch_dist()
     rpg.set_wrap_policy("all")
-    ctx.init(timeout=TIMEOUT.total_seconds())
+    ctx.init(timeout=this_tree.TIMEOUT.total_seconds())
     group = dist.new_group([0])
     out: dict[str, Any] = {"group": type(group).__name__}
     for name in annotated.TAKE_A_GROUP:
@@ -993,7 +878,7 @@ def _world_device_and_options(ctx: Rank) -> dict:
     import torch.distributed as dist
 
     warnings.simplefilter("ignore", FutureWarning)
-    rpg = _package_from_this_tree()
+    rpg = this_tree.package()
     assert rpg.is_patched()
     rpg.set_wrap_policy("all")
     keep = []  # torch 2.13 forgets a Python backend object that nobody references
@@ -1020,14 +905,16 @@ def _world_device_and_options(ctx: Rank) -> dict:
 
     dist.Backend.register_backend(FAKE_ACCELERATOR, create, extended_api=True, devices=["cuda"])
     options = dist.ProcessGroupGloo._Options()
-    options._timeout = TIMEOUT
-    store = dist.TCPStore(HOST, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
+    options._timeout = this_tree.TIMEOUT
+    store = dist.TCPStore(
+        HOST, ctx.port, ctx.world_size, is_master=False, timeout=this_tree.TIMEOUT
+    )
     dist.init_process_group(
         f"cpu:gloo,cuda:{FAKE_ACCELERATOR}",
         store=store,
         rank=ctx.rank,
         world_size=ctx.world_size,
-        timeout=TIMEOUT,
+        timeout=this_tree.TIMEOUT,
         pg_options=options,
     )
     # init_process_group(device_id=cuda:N) binds the device; a CPU build refuses a CUDA device,

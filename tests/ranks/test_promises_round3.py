@@ -4,8 +4,9 @@ Each test defends one promise of the docs with an oracle outside the package's l
 stand-in's call log and creation count (``reloadpg_autopatch/tools/cpu_nccl``: what reached the
 backend), torch's own results and maps (``_world.pg_map``, the sums of collectives), the pretend
 device's free bytes, and the exception each call raises (checked with ``isinstance`` against the
-exported classes). Several tests read one run (``_once`` keeps each run's result for the session),
-so a promise has a test of its own without one more set of ranks.
+exported classes). Several tests read one run (``run_once`` of ``tests/support/accelerator.py``
+keeps each run's result for the session), so a promise has a test of its own without one more
+set of ranks.
 
 No GPU here: suspend runs on the stand-in, which is registered for the CPU by default. The
 refusal of an accelerator group that cannot suspend is reached by registering the same stand-in
@@ -21,96 +22,19 @@ from typing import Any
 import pytest
 
 from reloadpg_autopatch.tools import cpu_nccl as suspendable
-from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
+from tests.support import accelerator
+from tests.support.ranks import Rank
 
 pytestmark = pytest.mark.timeout(240)
 
-ON_214 = suspendable.python_backend_available()
-#: The stand-in registered for an accelerator device type only, as NCCL is for cuda.
-ACCEL = "suspendable_acc"
 MiB = 2**20
-
-_RUNS: dict[str, tuple[bool, Any]] = {}
-
-
-class _AcceleratorStandIn(suspendable.SuspendableGloo):
-    """The stand-in as an accelerator-only backend: it names itself by its registered name,
-    as NCCL's backend answers ``name()`` with ``nccl`` (variant A, a gloo subclass, would
-    answer ``gloo``, a CPU backend's name)."""
-
-    def name(self) -> str:
-        return ACCEL
-
-
-def _create_accelerator(store: Any, rank: int, size: int, timeout: Any) -> Any:
-    return suspendable.track(_AcceleratorStandIn(store, rank, size, timeout))
-
-
-def _once(fn: Any, n: int = 2, timeout: float = 120.0, **env: str) -> list[Any]:
-    """``run_ranks(fn, n)`` with the gate on, once per session."""
-    if fn.__name__ not in _RUNS:
-        full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "20", **env}
-        try:
-            _RUNS[fn.__name__] = (True, run_ranks(fn, n, timeout=timeout, env=full))
-        except RankFailure as error:
-            _RUNS[fn.__name__] = (False, error)
-    ok, value = _RUNS[fn.__name__]
-    if not ok:
-        raise value
-    return value
-
-
-def _start(ctx: Rank, mode: str, *, policy: str | None = None, world: str = "gloo") -> Any:
-    """Join WORLD in ``mode``; the stand-in (also for the accelerator only) registered and its
-    pretend device answering the package's memory queries. Returns (torch, dist, rpg, s)."""
-    import warnings
-
-    import torch
-    import torch.distributed as dist
-
-    import reloadpg_autopatch as rpg
-    from reloadpg_autopatch.tools import cpu_nccl as s
-
-    warnings.simplefilter("ignore", FutureWarning)
-    assert rpg.is_patched(), "the gate did not patch this rank at start-up"
-    s.register()
-    dist.Backend.register_backend(ACCEL, _create_accelerator, devices=[s.ACCELERATOR])
-    rpg.set_reload_mode(mode)
-    if policy is not None:
-        rpg.set_wrap_policy(policy)
-    rpg.set_memory_probe(s.memory_probe, device_types=("cpu", s.ACCELERATOR))
-    rpg.set_memory_guard(0.0)
-    ctx.init(backend=world, timeout=30.0)
-    return torch, dist, rpg, s
-
-
-def _outcome(call: Any) -> tuple[Any, Any]:
-    """``("ok", result)``, or the exception's class (compared with ``is``) and its text."""
-    try:
-        return ("ok", call())
-    except Exception as error:
-        return (type(error), str(error))
-
-
-def _sum(dist: Any, torch: Any, rank: int, group: Any = None) -> float:
-    t = torch.tensor([float(rank + 1)])
-    dist.all_reduce(t, group=group)
-    return t.item()
-
-
-def _ops(s: Any, group: Any, *ops: str) -> list[tuple[str, str]]:
-    """What reached ``group``'s stand-in backend (its lifecycle calls), in order."""
-    import torch
-
-    label = group._get_backend(torch.device("cpu")).label
-    return [(c.op, c.outcome) for c in s.CALLS if c.backend == label and c.op in ops]
 
 
 # ---- suspend mode: refusals, sleeping groups, errors by type ---------------------------------
 
 
 def _suspend_mode(ctx: Rank) -> dict[str, Any]:
-    torch, dist, rpg, s = _start(ctx, "suspend")
+    torch, dist, rpg, s = accelerator.start(ctx, "suspend")
     out: dict[str, Any] = {}
     # A gloo WORLD named in accelerator_backends cannot suspend: refused, nothing registered;
     # not named, it stays awake (registered, left alone).
@@ -119,7 +43,7 @@ def _suspend_mode(ctx: Rank) -> dict[str, Any]:
         out["named gloo WORLD"] = ("registered", "")
     except Exception as error:
         out["named gloo WORLD"] = (type(error), str(error))
-    out["unnamed gloo WORLD"] = _outcome(rpg.register_default_process_group)
+    out["unnamed gloo WORLD"] = accelerator.outcome(rpg.register_default_process_group)
     # An accelerator group that cannot suspend is refused at creation, never left awake.
     pg_before = len(dist.distributed_c10d._world.pg_map)
     for label, cause in (("cumem", {"env": "NCCL_CUMEM_ENABLE"}), ("old nccl", {})):
@@ -128,7 +52,7 @@ def _suspend_mode(ctx: Rank) -> dict[str, Any]:
         else:
             s.configure(unsupported="old_nccl")
         try:
-            dist.new_group([0, 1], backend=ACCEL, group_desc=f"acc-{label}")
+            dist.new_group([0, 1], backend=accelerator.ACCEL, group_desc=f"acc-{label}")
             out[f"accelerator {label}"] = ("created", "")
         except Exception as error:
             out[f"accelerator {label}"] = (type(error), str(error))
@@ -145,18 +69,18 @@ def _suspend_mode(ctx: Rank) -> dict[str, Any]:
         out["refused"] = ("ok", "")
     except Exception as error:
         out["refused"] = (type(error), str(error))
-    out["log after refusal"] = _ops(s, tp, "suspend", "resume")
+    out["log after refusal"] = accelerator.backend_ops(s, tp, "suspend", "resume")
     tp._get_backend(torch.device("cpu")).initialize()  # the cause is gone
-    out["second destroy"] = _outcome(rpg.destroy_process_groups)
-    out["log after second destroy"] = _ops(s, tp, "suspend", "resume")
+    out["second destroy"] = accelerator.outcome(rpg.destroy_process_groups)
+    out["log after second destroy"] = accelerator.backend_ops(s, tp, "suspend", "resume")
     # Asleep: a handler for destroyed groups catches a sleeping group's refusal.
     try:
-        _sum(dist, torch, ctx.rank, tp)
+        accelerator.rank_sum(dist, torch, ctx.rank, tp)
         out["use asleep"] = None
     except Exception as error:
         out["use asleep"] = type(error)
     out["listed asleep"] = [g is tp for g in rpg.reloadable_groups()]
-    out["reload"] = _outcome(rpg.reload_process_groups)
+    out["reload"] = accelerator.outcome(rpg.reload_process_groups)
     out["listed awake"] = [g is tp for g in rpg.reloadable_groups()]
     # A reload hook that raises before the destroy: the error says what the groups are now.
 
@@ -170,9 +94,9 @@ def _suspend_mode(ctx: Rank) -> dict[str, Any]:
     except Exception as error:
         out["hook"] = (type(error), str(error))
     handle.remove()
-    out["hook log"] = _ops(s, tp, "suspend", "resume")[-1:]
+    out["hook log"] = accelerator.backend_ops(s, tp, "suspend", "resume")[-1:]
     rpg.reload_process_groups()
-    out["sum"] = _sum(dist, torch, ctx.rank, tp)
+    out["sum"] = accelerator.rank_sum(dist, torch, ctx.rank, tp)
     return out
 
 
@@ -182,7 +106,7 @@ def test_suspend_refuses_an_accelerator_group_that_cannot_suspend() -> None:
     torch keeps no group of it (never a silently awake group)."""
     import reloadpg_autopatch as rpg
 
-    for rank, out in enumerate(_once(_suspend_mode)):
+    for rank, out in enumerate(accelerator.run_once(_suspend_mode)):
         for label, cause in (("cumem", "NCCL_CUMEM_ENABLE=0"), ("old nccl", "2.29.7")):
             kind, text = out[f"accelerator {label}"]
             assert kind is rpg.ModeRefusedError, (rank, label, kind, text)
@@ -197,7 +121,7 @@ def test_after_a_strict_refusal_the_next_destroy_agrees_and_suspends() -> None:
     and suspends the group on every rank."""
     import reloadpg_autopatch as rpg
 
-    for rank, out in enumerate(_once(_suspend_mode)):
+    for rank, out in enumerate(accelerator.run_once(_suspend_mode)):
         assert out["refused"][0] is rpg.ModeRefusedError, (rank, out["refused"])
         assert out["log after refusal"] == [], (rank, out["log after refusal"])
         assert out["second destroy"] == ("ok", None), (rank, out["second destroy"])
@@ -211,7 +135,7 @@ def test_a_handler_for_destroyed_groups_catches_a_sleeping_groups_refusal() -> N
     import reloadpg_autopatch as rpg
 
     assert issubclass(rpg.GroupSuspendedError, rpg.GroupDestroyedError)
-    for out in _once(_suspend_mode):
+    for out in accelerator.run_once(_suspend_mode):
         assert out["use asleep"] is not None
         assert issubclass(out["use asleep"], rpg.GroupSuspendedError), out["use asleep"]
         assert issubclass(out["use asleep"], rpg.GroupDestroyedError), out["use asleep"]
@@ -220,7 +144,7 @@ def test_a_handler_for_destroyed_groups_catches_a_sleeping_groups_refusal() -> N
 def test_reloadable_groups_lists_a_group_while_it_sleeps_suspended() -> None:
     """The program still holds a sleeping group, and the next reload brings it back: it is in
     ``reloadable_groups()`` asleep as awake (as a destroyed wrapper is in wrapper mode)."""
-    for out in _once(_suspend_mode):
+    for out in accelerator.run_once(_suspend_mode):
         assert out["listed asleep"] == [True], out["listed asleep"]
         assert out["listed awake"] == [True], out["listed awake"]
 
@@ -230,7 +154,7 @@ def test_a_hook_error_in_suspend_mode_says_the_groups_are_suspended() -> None:
     were destroyed (they were not), and the suspend did reach the backend."""
     import reloadpg_autopatch as rpg
 
-    for out in _once(_suspend_mode):
+    for out in accelerator.run_once(_suspend_mode):
         kind, text = out["hook"]
         assert kind is rpg.ReloadHookError, out["hook"]
         assert "'failing' raised ValueError" in text, text
@@ -247,7 +171,7 @@ def test_in_suspend_mode_a_gloo_world_named_as_accelerator_is_refused() -> None:
     awake, as gloo groups do."""
     import reloadpg_autopatch as rpg
 
-    for out in _once(_suspend_mode):
+    for out in accelerator.run_once(_suspend_mode):
         kind, text = out["named gloo WORLD"]
         assert kind is rpg.ModeRefusedError, out["named gloo WORLD"]
         assert "WORLD (gloo) cannot be suspended" in text, text
@@ -259,7 +183,7 @@ def test_in_suspend_mode_a_gloo_world_named_as_accelerator_is_refused() -> None:
 
 
 def _registrations(ctx: Rank) -> dict[str, Any]:
-    _torch, dist, rpg, _s = _start(ctx, "wrapper")
+    _torch, dist, rpg, _s = accelerator.start(ctx, "wrapper")
     out: dict[str, Any] = {}
 
     def attempt(**kwargs: Any) -> tuple[Any, str]:
@@ -269,14 +193,14 @@ def _registrations(ctx: Rank) -> dict[str, Any]:
         except Exception as error:
             return (type(error), str(error))
 
-    out["accelerator only"] = attempt(temporary_backend=ACCEL)
+    out["accelerator only"] = attempt(temporary_backend=accelerator.ACCEL)
     out["first"] = attempt(temporary_backend="gloo")
     out["same again"] = attempt(temporary_backend="gloo")
     out["another"] = attempt(temporary_backend="cpu:gloo")
     group = dist.new_group([0, 1])
     rpg.destroy_process_groups()
     rpg.reload_process_groups()
-    out["sum"] = _sum(dist, _torch, ctx.rank, group)
+    out["sum"] = accelerator.rank_sum(dist, _torch, ctx.rank, group)
     return out
 
 
@@ -284,10 +208,10 @@ def test_registration_refuses_a_temporary_backend_that_serves_no_cpu() -> None:
     """The temporary WORLD runs on the CPU: a backend registered for an accelerator only is
     refused with ``ValueError`` naming it and what is accepted, and nothing is registered
     (the next registration, with gloo, takes effect)."""
-    for out in _once(_registrations):
+    for out in accelerator.run_once(_registrations):
         kind, text = out["accelerator only"]
         assert kind is ValueError, out["accelerator only"]
-        assert f"temporary_backend={ACCEL!r} serves no CPU device" in text, text
+        assert f"temporary_backend={accelerator.ACCEL!r} serves no CPU device" in text, text
         assert "'gloo'" in text, text
         assert out["first"] == ("registered", "")
 
@@ -298,7 +222,7 @@ def test_a_second_registration_with_another_temporary_backend_raises() -> None:
     (the cycle still swaps WORLD and the group works)."""
     import reloadpg_autopatch as rpg
 
-    for out in _once(_registrations):
+    for out in accelerator.run_once(_registrations):
         assert out["same again"] == ("registered", "")
         kind, text = out["another"]
         assert kind is rpg.RegistrationError, out["another"]
@@ -315,7 +239,7 @@ ACCEL_PY = "suspendable_acc_py"
 
 
 def _auto_with_a_swapping_world(ctx: Rank) -> dict[str, Any]:
-    if ON_214:
+    if accelerator.ON_214:
         from reloadpg_autopatch.tools import cpu_nccl as s
 
         s.register()
@@ -323,11 +247,11 @@ def _auto_with_a_swapping_world(ctx: Rank) -> dict[str, Any]:
 
         dist.Backend.register_backend(ACCEL_PY, s.create_b, devices=[s.ACCELERATOR])
         s.configure(unsupported="backend")
-        torch, dist, rpg, s = _start(ctx, "auto", world=ACCEL_PY)
+        torch, dist, rpg, s = accelerator.start(ctx, "auto", world=ACCEL_PY)
         s.configure()
         rpg.register_default_process_group(timedelta(seconds=30))
     else:  # 2.13 reconfigures nothing: a gloo WORLD named as an accelerator swaps
-        torch, dist, rpg, s = _start(ctx, "auto")
+        torch, dist, rpg, s = accelerator.start(ctx, "auto")
         rpg.register_default_process_group(timedelta(seconds=30), accelerator_backends=("gloo",))
     # WORLD swaps: every group torch knows is torn down at each cycle.
     group = dist.new_group([0, 1], backend=s.NAME_A, group_desc="standin")
@@ -339,14 +263,16 @@ def _auto_with_a_swapping_world(ctx: Rank) -> dict[str, Any]:
         peer = 1 - ctx.rank
         t = torch.zeros(1)
         op = dist.isend if ctx.rank == 0 else dist.irecv
-        made_asleep = _outcome(lambda op=op, t=t, peer=peer: dist.P2POp(op, t, peer, group))
+        made_asleep = accelerator.outcome(
+            lambda op=op, t=t, peer=peer: dist.P2POp(op, t, peer, group)
+        )
         out.setdefault("p2p op", made_asleep)
         rpg.reload_process_groups()
-        sums.append(_sum(dist, torch, ctx.rank, group))
+        sums.append(accelerator.rank_sum(dist, torch, ctx.rank, group))
     # A P2POp made while awake, handed to batch_isend_irecv after a destroy.
     made = dist.P2POp(dist.isend if ctx.rank == 0 else dist.irecv, torch.zeros(1), peer, group)
     rpg.destroy_process_groups()
-    out["batch"] = _outcome(lambda: dist.batch_isend_irecv([made]))
+    out["batch"] = accelerator.outcome(lambda: dist.batch_isend_irecv([made]))
     rpg.reload_process_groups()
     out["sums"] = sums
     out["lifecycle calls"] = [c.op for c in s.CALLS if c.op in ("suspend", "resume")]
@@ -358,7 +284,7 @@ def test_auto_never_suspends_a_group_that_a_swapping_world_tears_down() -> None:
     """In ``auto`` with a registered WORLD that swaps, each cycle destroys every group torch
     knows: a suspendable group must not be suspended (it would be torn down asleep), but
     reload behind a wrapper, re-created once per cycle, and give torch's sums."""
-    for rank, out in enumerate(_once(_auto_with_a_swapping_world)):
+    for rank, out in enumerate(accelerator.run_once(_auto_with_a_swapping_world)):
         assert out["type"] == "ReloadableProcessGroup", (rank, out["type"])
         assert out["lifecycle calls"] == [], (rank, out["lifecycle calls"])
         assert out["created per cycle"] == 1, (rank, out["created per cycle"])
@@ -371,7 +297,7 @@ def test_a_destroyed_groups_refusal_names_the_call_the_program_made() -> None:
     ``torch.distributed.batch_isend_irecv()``."""
     import reloadpg_autopatch as rpg
 
-    for out in _once(_auto_with_a_swapping_world):
+    for out in accelerator.run_once(_auto_with_a_swapping_world):
         for key, call in (("p2p op", "P2POp"), ("batch", "batch_isend_irecv")):
             kind, text = out[key]
             assert kind is rpg.GroupDestroyedError, out[key]
@@ -380,7 +306,7 @@ def test_a_destroyed_groups_refusal_names_the_call_the_program_made() -> None:
 
 
 def _auto_fallback_with_a_non_member(ctx: Rank) -> dict[str, Any]:
-    torch, dist, rpg, s = _start(ctx, "auto")
+    torch, dist, rpg, s = accelerator.start(ctx, "auto")
     pair = dist.new_group([0, 1], backend=s.NAME_A, group_desc="fallback-pair")
     if ctx.rank == 1:  # rank 1 cannot suspend it any more (nor the backends it makes again)
         pair._get_backend(torch.device("cpu")).settings.unsupported = "backend"
@@ -394,15 +320,15 @@ def _auto_fallback_with_a_non_member(ctx: Rank) -> dict[str, Any]:
         member = ctx.rank in (0, 1)
         sums.append(
             (
-                _sum(dist, torch, ctx.rank, pair) if member else None,
-                _sum(dist, torch, ctx.rank, later),
+                accelerator.rank_sum(dist, torch, ctx.rank, pair) if member else None,
+                accelerator.rank_sum(dist, torch, ctx.rank, later),
             )
         )
     return {
         "sums": sums,
         "created": s.creations(s.NAME_A) - created,
         "suspends": [c.op for c in s.CALLS if c.op == "suspend"],
-        "lazy wrapper": ON_214,
+        "lazy wrapper": accelerator.ON_214,
     }
 
 
@@ -413,12 +339,12 @@ def test_auto_fallback_group_is_recreated_with_its_non_members_taking_part() -> 
     ``TORCH_DIST_INIT_BARRIER=1`` every creation waits for every rank, members or not, so a
     non-member that did not take part would leave the members waiting. Nothing suspends, no
     rank hangs, and the group and one made after it give torch's sums every cycle."""
-    runs = _once(_auto_fallback_with_a_non_member, 3, TORCH_DIST_INIT_BARRIER="1")
+    runs = accelerator.run_once(_auto_fallback_with_a_non_member, 3, TORCH_DIST_INIT_BARRIER="1")
     for rank, out in enumerate(runs):
         pair = 3.0 if rank < 2 else None
         assert out["sums"] == [(pair, 6.0), (pair, 6.0)], (rank, out["sums"])
         assert out["suspends"] == [], (rank, out["suspends"])
-        if not ON_214:  # destroyed and created again at each of the two reloads
+        if not accelerator.ON_214:  # destroyed and created again at each of the two reloads
             assert out["created"] == (2 if rank < 2 else 0), (rank, out["created"])
 
 
@@ -426,8 +352,8 @@ def test_auto_fallback_group_is_recreated_with_its_non_members_taking_part() -> 
 
 
 def _policy_in_every_mode(ctx: Rank) -> dict[str, Any]:
-    torch, dist, rpg, s = _start(ctx, "wrapper")
-    modes = ["wrapper", "suspend", "auto"] + (["native"] if ON_214 else [])
+    torch, dist, rpg, s = accelerator.start(ctx, "wrapper")
+    modes = ["wrapper", "suspend", "auto"] + (["native"] if accelerator.ON_214 else [])
     groups: dict[str, Any] = {}
     for mode in modes:
         rpg.set_reload_mode(mode)
@@ -435,7 +361,7 @@ def _policy_in_every_mode(ctx: Rank) -> dict[str, Any]:
         groups[f"{mode} none standin"] = dist.new_group([0, 1], backend=s.NAME_A)
         groups[f"{mode} none gloo"] = dist.new_group([0, 1])
         # One the default rule would wrap: its backend serves an accelerator only.
-        groups[f"{mode} none accelerator"] = dist.new_group([0, 1], backend=ACCEL)
+        groups[f"{mode} none accelerator"] = dist.new_group([0, 1], backend=accelerator.ACCEL)
         rpg.set_wrap_policy("auto")
         singles = [dist.new_group([r], backend=s.NAME_A) for r in range(2)]
         groups[f"{mode} single standin"] = singles[ctx.rank]
@@ -454,12 +380,14 @@ def _policy_in_every_mode(ctx: Rank) -> dict[str, Any]:
         any(id(g) == ids[k] for g in dist.distributed_c10d._world.pg_map) for k in groups
     )
     out["sums"] = {  # an accelerator-only group takes no CPU tensor
-        k: _sum(dist, torch, ctx.rank, g)
+        k: accelerator.rank_sum(dist, torch, ctx.rank, g)
         for k, g in groups.items()
         if "single" not in k and "accelerator" not in k
     }
     out["single sums"] = {
-        k: _sum(dist, torch, ctx.rank, g) for k, g in groups.items() if "single" in k
+        k: accelerator.rank_sum(dist, torch, ctx.rank, g)
+        for k, g in groups.items()
+        if "single" in k
     }
     return out
 
@@ -470,7 +398,7 @@ def test_policy_none_only_unwraps_and_single_rank_groups_stay_native_in_every_mo
     single-rank group stays torch's own even on a backend that can suspend: no cycle
     suspends, resumes or re-creates any of them (the stand-in's log, torch's map holds the
     very same objects), and each gives torch's sums."""
-    for rank, out in enumerate(_once(_policy_in_every_mode)):
+    for rank, out in enumerate(accelerator.run_once(_policy_in_every_mode)):
         assert all(out["types"].values()), (rank, out["types"])
         assert out["lifecycle calls"] == [], (rank, out["lifecycle calls"])
         assert out["same objects in torch's map"]
@@ -482,7 +410,7 @@ def test_policy_none_only_unwraps_and_single_rank_groups_stay_native_in_every_mo
 
 
 def _world_short_of_memory(ctx: Rank) -> dict[str, Any]:
-    torch, dist, rpg, s = _start(ctx, "suspend", world=suspendable.NAME_A)
+    torch, dist, rpg, s = accelerator.start(ctx, "suspend", world=suspendable.NAME_A)
     rpg.register_default_process_group()
     rpg.destroy_process_groups()
     # Short of WORLD's need by half a MiB (WORLD is the only group that sleeps).
@@ -495,8 +423,8 @@ def _world_short_of_memory(ctx: Rank) -> dict[str, Any]:
         out = {"first": (type(error), str(error))}
     out["first log"] = [c.op for c in s.CALLS[seen:] if c.op in ("suspend", "resume")]
     s.occupy(None)
-    out["retry"] = _outcome(rpg.reload_process_groups)
-    out["sum"] = _sum(dist, torch, ctx.rank)
+    out["retry"] = accelerator.outcome(rpg.reload_process_groups)
+    out["sum"] = accelerator.rank_sum(dist, torch, ctx.rank)
     return out
 
 
@@ -507,7 +435,7 @@ def test_an_out_of_memory_resume_of_world_is_a_retryable_memory_short_error() ->
     resumes WORLD and it gives torch's sum."""
     import reloadpg_autopatch as rpg
 
-    for rank, out in enumerate(_once(_world_short_of_memory)):
+    for rank, out in enumerate(accelerator.run_once(_world_short_of_memory)):
         assert out["first"][0] is rpg.MemoryShortError, (rank, out["first"])
         assert out["first log"] == [], (rank, out["first log"])
         assert out["retry"] == ("ok", None), (rank, out["retry"])
@@ -518,7 +446,7 @@ def test_an_out_of_memory_resume_of_world_is_a_retryable_memory_short_error() ->
 
 
 def _second_world(ctx: Rank) -> dict[str, Any]:
-    torch, dist, rpg, s = _start(ctx, "suspend")
+    torch, dist, rpg, s = accelerator.start(ctx, "suspend")
     # World 1: a gloo group is left awake (named in every destroy's agreement).
     awake = dist.new_group([0, 1], group_desc="awake-gloo")
     first_name = str(awake.group_name)
@@ -530,17 +458,17 @@ def _second_world(ctx: Rank) -> dict[str, Any]:
     # World 2 counts group names from 1 again: its first group takes world 1's awake name.
     tp = dist.new_group([0, 1], backend=s.NAME_A, group_desc="tp")
     out: dict[str, Any] = {"same name": str(tp.group_name) == first_name}
-    out["destroy"] = _outcome(rpg.destroy_process_groups)
-    out["log"] = _ops(s, tp, "suspend")
-    out["reload"] = _outcome(rpg.reload_process_groups)
-    out["sum"] = _sum(dist, torch, ctx.rank, tp)
+    out["destroy"] = accelerator.outcome(rpg.destroy_process_groups)
+    out["log"] = accelerator.backend_ops(s, tp, "suspend")
+    out["reload"] = accelerator.outcome(rpg.reload_process_groups)
+    out["sum"] = accelerator.rank_sum(dist, torch, ctx.rank, tp)
     return out
 
 
 def test_a_second_world_starts_with_nothing_left_awake_from_the_first() -> None:
     """A group world 1 left awake has the name world 2's first group takes; world 2's destroy
     must not count it as left awake (which would refuse it in suspend mode): it suspends."""
-    for rank, out in enumerate(_once(_second_world)):
+    for rank, out in enumerate(accelerator.run_once(_second_world)):
         assert out["same name"], rank  # else this test proves nothing
         assert out["destroy"] == ("ok", None), (rank, out["destroy"])
         assert out["log"] == [("suspend", "ok")], (rank, out["log"])
@@ -555,7 +483,7 @@ def _grandchild(ctx: Rank) -> dict[str, Any]:
 
     from torch.distributed import distributed_c10d as c10d
 
-    _torch, dist, rpg, _s = _start(ctx, "wrapper", policy="all")
+    _torch, dist, rpg, _s = accelerator.start(ctx, "wrapper", policy="all")
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # a child that leaves its parent's world and starts its own
@@ -577,7 +505,7 @@ def _grandchild(ctx: Rank) -> dict[str, Any]:
             said["keys after"] = store.num_keys()
             rpg.destroy_process_groups()  # the child's own cycle still works
             rpg.reload_process_groups()
-            said["child sum"] = _sum(dist, _torch, 0, group)
+            said["child sum"] = accelerator.rank_sum(dist, _torch, 0, group)
         except Exception as error:
             said["error"] = repr(error)
         finally:
@@ -599,7 +527,7 @@ def test_a_grandchild_belongs_to_its_parents_world_not_its_grandparents() -> Non
     groups, so its destroy and reload must not take part in the child's steps: the child's
     store holds the same keys after the grandchild's cycle (``num_keys()``), and the child's
     own cycle still works."""
-    (out,) = _once(_grandchild, 1)
+    (out,) = accelerator.run_once(_grandchild, 1)
     assert "error" not in out, out
     assert out["keys after"] == out["keys before"], out
     assert out["child sum"] == 1.0

@@ -23,46 +23,11 @@ from typing import Any
 
 import pytest
 
-from tests.support import PROGRAMS
+from tests.support import PROGRAMS, world_ranks
 from tests.support.ranks import GATE, Rank, run_ranks, total
 from tests.support.venv import ROOT, clean_env
 
 pytestmark = pytest.mark.timeout(300)
-
-TIMEOUT = timedelta(seconds=30)
-#: WORLD's timeout where a test bounds a step by it: a mismatch shows as a wait this long.
-SHORT = timedelta(seconds=10)
-SWAP = ("gloo",)
-
-
-# ---- what the ranks share --------------------------------------------------------------------
-
-
-def _begin(ctx: Rank, timeout: timedelta = TIMEOUT) -> Any:
-    """Join WORLD in a rank the gate patched at start-up; every group reloadable."""
-    return ctx.begin(timeout=timeout.total_seconds())
-
-
-class _Worlds:
-    """Counts the default groups torch builds (``init_process_group`` passes this group_desc
-    to ``_new_process_group_helper``, whichever reference to it a caller holds)."""
-
-    def __init__(self) -> None:
-        from torch.distributed import distributed_c10d as c10d
-
-        self.built = 0
-        self._helper = c10d._new_process_group_helper
-        c10d._new_process_group_helper = self._counting
-
-    def _counting(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("group_desc") == "default_pg":
-            self.built += 1
-        return self._helper(*args, **kwargs)
-
-
-def _error(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
-
 
 # ---- 1. every rank of a world derives the same keys, whatever its process did before --------
 
@@ -79,18 +44,22 @@ def _veteran_meets_newcomer(ctx: Rank, registered: bool) -> dict:
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
     rpg.set_wrap_policy("all")
     if ctx.rank == 0:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=SHORT)
+        dist.init_process_group(
+            "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=world_ranks.SHORT
+        )
         if registered:
-            rpg.register_default_process_group(SHORT, accelerator_backends=SWAP)
+            rpg.register_default_process_group(
+                world_ranks.SHORT, accelerator_backends=world_ranks.SWAP
+            )
         own = dist.new_group([0])
         for _ in range(2):
             rpg.destroy_process_groups()
             rpg.reload_process_groups()
         total(own, 1.0)
         dist.destroy_process_group()  # the program ends that world
-    ctx.reinit("second-world/", SHORT)
+    ctx.reinit("second-world/", world_ranks.SHORT)
     if registered:
-        rpg.register_default_process_group(SHORT, accelerator_backends=SWAP)
+        rpg.register_default_process_group(world_ranks.SHORT, accelerator_backends=world_ranks.SWAP)
     pair = dist.new_group([0, 1])
     started = time.monotonic()
     sums: list[list[float]] = []
@@ -101,7 +70,7 @@ def _veteran_meets_newcomer(ctx: Rank, registered: bool) -> dict:
             rpg.reload_process_groups()
             sums.append([total(None, ctx.rank + 1), total(pair, ctx.rank + 1)])
     except RuntimeError as exc:
-        error = _error(exc)
+        error = world_ranks.error_text(exc)
     return {"sums": sums, "error": error, "seconds": time.monotonic() - started}
 
 
@@ -119,7 +88,7 @@ def test_a_process_that_ended_a_world_meets_a_fresh_process(registered: bool) ->
     for rank, report in enumerate(reports):
         assert report["error"] is None, (rank, report["error"])
         assert report["sums"] == [[3.0, 3.0]] * 3, (rank, report)
-        assert report["seconds"] < SHORT.total_seconds() / 2, (rank, report)
+        assert report["seconds"] < world_ranks.SHORT.total_seconds() / 2, (rank, report)
 
 
 @pytest.mark.timeout(420)
@@ -128,7 +97,7 @@ def test_a_ray_actor_restarted_by_ray_meets_the_survivors(tmp_path) -> None:
     """Ray restarts a killed actor (``max_restarts=1``); the survivor ends its world; all
     ranks start a new world and cycle it: within WORLD's timeout, every sum right, no error."""
     proc = subprocess.run(
-        [sys.executable, str(PROGRAMS / "ray_restart.py"), str(SHORT.total_seconds())],
+        [sys.executable, str(PROGRAMS / "ray_restart.py"), str(world_ranks.SHORT.total_seconds())],
         env=clean_env(RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT)),
         cwd=tmp_path,
         capture_output=True,
@@ -156,7 +125,7 @@ def test_a_ray_actor_restarted_by_ray_meets_the_survivors(tmp_path) -> None:
     for cycle in cycles:
         for result in cycle:
             assert result["sums"] == [3.0, 3.0], cycle
-            assert result["seconds"] < SHORT.total_seconds() / 2, cycle
+            assert result["seconds"] < world_ranks.SHORT.total_seconds() / 2, cycle
 
 
 def _creation_keys_of_two_worlds(ctx: Rank, swapped: bool) -> dict:
@@ -164,24 +133,32 @@ def _creation_keys_of_two_worlds(ctx: Rank, swapped: bool) -> dict:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.ranks.test_blind_spots import _forget_torchs_keys
+    from tests.support import stores
 
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
     rpg.set_wrap_policy("all")
     keys: dict[str, list[str]] = {}
     for world in ("first", "second"):
-        store = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False, timeout=TIMEOUT)
+        store = dist.TCPStore(
+            ctx.host, ctx.port, ctx.world_size, is_master=False, timeout=world_ranks.TIMEOUT
+        )
         if world == "second":
             # torch's own WORLD rendezvous would read the first world's addresses (its keys
             # carry no world either): clear torch's keys, keep every key of the package's.
-            _forget_torchs_keys(store, ctx.rank, ctx.world_size)
+            stores.forget_torchs_keys(store, ctx.rank, ctx.world_size)
         dist.init_process_group(
-            "gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=TIMEOUT
+            "gloo",
+            store=store,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            timeout=world_ranks.TIMEOUT,
         )
         # Swapped, the groups are created under the restored WORLD's keys; not, under the
         # store WORLD was made with.
         if swapped:
-            rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+            rpg.register_default_process_group(
+                world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP
+            )
         pair = dist.new_group([0, 1])
         for _ in range(2):
             rpg.destroy_process_groups()
@@ -220,7 +197,7 @@ def _identity_cycles(dist: Any, saved: Any, rank: int, cycles: int) -> list[dict
 
     import reloadpg_autopatch as rpg
 
-    worlds = _Worlds()
+    worlds = world_ranks.DefaultGroups()
     out = []
     for _ in range(cycles):
         built = worlds.built
@@ -245,31 +222,35 @@ def _identity_cycles(dist: Any, saved: Any, rank: int, cycles: int) -> list[dict
 def _register_twice(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx)
-    rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+    dist = world_ranks.begin(ctx)
+    rpg.register_default_process_group(world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP)
     saved = dist.group.WORLD
     out: dict[str, Any] = {}
     try:
-        rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+        rpg.register_default_process_group(
+            world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP
+        )
         out["same_args"] = "no error"
     except Exception as error:
-        out["same_args"] = _error(error)
+        out["same_args"] = world_ranks.error_text(error)
     out["after_same"] = _identity_cycles(dist, saved, ctx.rank, 3)
     try:
-        rpg.register_default_process_group(2 * TIMEOUT, accelerator_backends=SWAP)
+        rpg.register_default_process_group(
+            2 * world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP
+        )
         out["other_timeout"] = {"error": None}
     except Exception as error:
         out["other_timeout"] = {
-            "error": _error(error),
+            "error": world_ranks.error_text(error),
             "runtime_error": isinstance(error, RuntimeError),
             "message": str(error),
         }
     try:  # the backends torch registers for accelerators (None), where gloo was asked
-        rpg.register_default_process_group(TIMEOUT)
+        rpg.register_default_process_group(world_ranks.TIMEOUT)
         out["other_backends"] = {"error": None}
     except Exception as error:
         out["other_backends"] = {
-            "error": _error(error),
+            "error": world_ranks.error_text(error),
             "runtime_error": isinstance(error, RuntimeError),
             "message": str(error),
         }
@@ -297,7 +278,7 @@ def test_registering_world_twice_keeps_the_first_registration() -> None:
                 assert cycle["same"] == [True, True, True], (label, cycle)
                 assert cycle["sums"] == [3.0, 3.0], (label, cycle)
                 assert cycle["worlds_built"] == 2, (label, cycle)  # temporary and restored
-                assert cycle["timeout_s"] == TIMEOUT.total_seconds(), (label, cycle)
+                assert cycle["timeout_s"] == world_ranks.TIMEOUT.total_seconds(), (label, cycle)
 
 
 # ---- 3. registration arguments are checked at registration -----------------------------------
@@ -316,16 +297,16 @@ def _bad_registration(ctx: Rank, case: str) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx)
+    dist = world_ranks.begin(ctx)
     kwargs, _ = BAD_REGISTRATIONS[case]
     out: dict[str, Any] = {}
     started = time.monotonic()
     try:
-        rpg.register_default_process_group(**{"accelerator_backends": SWAP, **kwargs})
+        rpg.register_default_process_group(**{"accelerator_backends": world_ranks.SWAP, **kwargs})
         out["bad"] = {"error": None}
     except Exception as error:
         out["bad"] = {
-            "error": _error(error),
+            "error": world_ranks.error_text(error),
             "value_error": isinstance(error, ValueError),
             "message": str(error),
         }
@@ -333,11 +314,13 @@ def _bad_registration(ctx: Rank, case: str) -> dict:
     # Nothing registered: torch's own default group is still WORLD, no stand-in in its place.
     out["world_is_torchs"] = type(dist.group.WORLD) is dist.ProcessGroup
     try:
-        rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+        rpg.register_default_process_group(
+            world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP
+        )
         out["good"] = "no error"
         out["cycles"] = _identity_cycles(dist, dist.group.WORLD, ctx.rank, 2)
     except Exception as error:
-        out["good"] = _error(error)
+        out["good"] = world_ranks.error_text(error)
     return out
 
 
@@ -408,8 +391,8 @@ class _FailingTemporaryWorld:
 def _failed_swap(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx)
-    rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+    dist = world_ranks.begin(ctx)
+    rpg.register_default_process_group(world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP)
     pair = dist.new_group([0, 1])
     rpg.destroy_process_groups()
     rpg.reload_process_groups()  # one good cycle first
@@ -420,7 +403,7 @@ def _failed_swap(ctx: Rank) -> dict:
         rpg.destroy_process_groups()
         out["error"] = None
     except Exception as error:
-        out["error"] = _error(error)
+        out["error"] = world_ranks.error_text(error)
         out["message"] = str(error)
     out["fired"] = fault.fired
     out["initialized"] = dist.is_initialized()
@@ -438,8 +421,10 @@ def _failed_swap(ctx: Rank) -> dict:
             out["sums_after"] = [total(None, ctx.rank + 1), total(pair, ctx.rank + 1)]
         else:
             # WORLD is gone: a fresh world, registered, must cycle as any world does.
-            ctx.reinit("after-failed-swap/", TIMEOUT)
-            rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+            ctx.reinit("after-failed-swap/", world_ranks.TIMEOUT)
+            rpg.register_default_process_group(
+                world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP
+            )
             pair = dist.new_group([0, 1])
         built = fault.worlds_built
         rpg.destroy_process_groups()
@@ -448,7 +433,7 @@ def _failed_swap(ctx: Rank) -> dict:
         out["sums_after_cycle"] = [total(None, ctx.rank + 1), total(pair, ctx.rank + 1)]
         out["recovery"] = "no error"
     except Exception as error:
-        out["recovery"] = _error(error)
+        out["recovery"] = world_ranks.error_text(error)
     return out
 
 
@@ -498,15 +483,15 @@ def _destroy_before_init(ctx: Rank) -> dict:
         rpg.destroy_process_groups()
         out["early"] = "no error"
     except Exception as error:
-        out["early"] = _error(error)
+        out["early"] = world_ranks.error_text(error)
     out["early_calls"] = dict(calls)
     early_report = rpg.last_cycle_report()
     out["early_report"] = None if early_report is None else early_report.to_dict()
 
-    _begin(ctx)
-    rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+    world_ranks.begin(ctx)
+    rpg.register_default_process_group(world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP)
     pair = dist.new_group([0, 1])
-    worlds = _Worlds()
+    worlds = world_ranks.DefaultGroups()
     cycles = []
     for _ in range(3):
         before_calls, built = dict(calls), worlds.built
@@ -656,11 +641,11 @@ def _rendered_traceback() -> str:
 def _globals_across_cycles(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx)
-    rpg.register_default_process_group(TIMEOUT, accelerator_backends=SWAP)
+    dist = world_ranks.begin(ctx)
+    rpg.register_default_process_group(world_ranks.TIMEOUT, accelerator_backends=world_ranks.SWAP)
     hook = sys.excepthook  # torch's, from the real init_process_group
     first = _process_globals()
-    worlds = _Worlds()
+    worlds = world_ranks.DefaultGroups()
     steps = []
     for cycle in range(5):
         rpg.destroy_process_groups()
@@ -746,7 +731,7 @@ REENTRY = re.compile(r"re-?ent|reentr|inside a reload hook|from a reload hook|sa
 def _reentering_hooks(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx)
+    dist = world_ranks.begin(ctx)
     group = dist.new_group([0])
 
     def destroys(groups: list[Any]) -> None:
@@ -770,9 +755,9 @@ def _reentering_hooks(ctx: Rank) -> dict:
         except Exception as error:
             cause = error.__cause__
             out[step] = {
-                "error": _error(error),
+                "error": world_ranks.error_text(error),
                 "hook_error": isinstance(error, rpg.ReloadHookError),
-                "cause": None if cause is None else _error(cause),
+                "cause": None if cause is None else world_ranks.error_text(cause),
             }
     for handle in handles:
         handle.remove()

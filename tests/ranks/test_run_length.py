@@ -11,18 +11,17 @@ collective results are computed by hand. Only the fork tests name internals (the
 from __future__ import annotations
 
 import functools
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from tests.support import patched_ranks
 from tests.support.ranks import Rank, errors_of, pg_count, run_ranks, total
 
 pytestmark = pytest.mark.timeout(300)
 
 #: How long the late rank sleeps; every store and group timeout below is well above it.
 SKEW_S = 1.0
-TIMEOUT = timedelta(seconds=30)
 STEPS = 50
 
 
@@ -85,34 +84,6 @@ def _every_public_call(group: Any) -> list[str]:
     return failed
 
 
-class _NativeSpy:
-    """Counts the native groups torch builds in this process (this rank a member).
-
-    Every native group, WORLD included, comes out of ``_new_process_group_helper``; non-members
-    get ``NON_GROUP_MEMBER`` from it and are not counted.
-    """
-
-    def __init__(self) -> None:
-        from torch.distributed import distributed_c10d as c10d
-
-        self.created = 0
-        original = c10d._new_process_group_helper
-
-        def helper(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            if isinstance(result[0], c10d.ProcessGroup):
-                self.created += 1
-            return result
-
-        c10d._new_process_group_helper = helper
-
-    def during(self, call: Any) -> int:
-        """How many native groups ``call()`` made torch build."""
-        before = self.created
-        call()
-        return self.created - before
-
-
 def _rendezvous_prefixes() -> list[str]:
     """The full store prefix each live group but WORLD made its rendezvous under.
 
@@ -137,16 +108,6 @@ def _rendezvous_prefixes() -> list[str]:
     return sorted(prefixes)
 
 
-def _start(ctx: Rank, registered: bool) -> Any:
-    """Patch, wrap every group, join WORLD; with ``registered`` WORLD goes through the swap."""
-    import reloadpg_autopatch as rpg
-
-    dist = ctx.patched("all")
-    if registered:
-        rpg.register_default_process_group(TIMEOUT, accelerator_backends=("gloo",))
-    return dist
-
-
 # ---- 1. skewed arrival ---------------------------------------------------------------------
 
 KINDS = {
@@ -163,10 +124,10 @@ def _skewed(ctx: Rank, kind: str) -> dict:
     import reloadpg_autopatch as rpg
 
     kwargs, registered = KINDS[kind]
-    dist = _start(ctx, registered)
-    spy = _NativeSpy()
-    first = dist.new_group([0, 1], timeout=TIMEOUT, **kwargs)
-    second = dist.new_group([0, 1], timeout=TIMEOUT, **kwargs)
+    dist = patched_ranks.start(ctx, registered)
+    spy = patched_ranks.NativeSpy()
+    first = dist.new_group([0, 1], timeout=patched_ranks.TIMEOUT, **kwargs)
+    second = dist.new_group([0, 1], timeout=patched_ranks.TIMEOUT, **kwargs)
     report: dict[str, Any] = {"before": [total(first, 1), total(second, 10)]}
     seen = set(_rendezvous_prefixes())
     cycles = []
@@ -226,8 +187,8 @@ def _run_length(ctx: Rank, registered: bool) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, registered)
-    spy = _NativeSpy()
+    dist = patched_ranks.start(ctx, registered)
+    spy = patched_ranks.NativeSpy()
     held = [dist.new_group([0, 1]), dist.new_group([0, 1])]
     expected = len(held) + registered
     report: dict[str, Any] = {"created": [], "destroy_created": [], "ms": [], "bad": []}
@@ -302,11 +263,11 @@ def _megatron_dropped(ctx: Rank, registered: bool) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, registered)
+    dist = patched_ranks.start(ctx, registered)
     from megatron.core import parallel_state
 
     keep = dist.new_group([0, 1])
-    spy = _NativeSpy()
+    spy = patched_ranks.NativeSpy()
 
     def cycle() -> int:
         rpg.destroy_process_groups()
@@ -362,7 +323,7 @@ def _asymmetric_drop(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
     dist = ctx.patched("all")
-    spy = _NativeSpy()
+    spy = patched_ranks.NativeSpy()
     before = dist.new_group([0, 1])
     middle = dist.new_group([0, 1])
     after = dist.new_group([0, 1])
@@ -401,16 +362,16 @@ def _teardown(ctx: Rank, registered: bool) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, registered)
+    dist = patched_ranks.start(ctx, registered)
     old = dist.new_group([0, 1])
     old_single = [dist.new_group([r]) for r in range(2)][ctx.rank]
     report: dict[str, Any] = {"old_sum": total(old, ctx.rank + 1)}
 
     dist.destroy_process_group()  # the program ends its world itself
-    ctx.reinit("second-world/", TIMEOUT, store_timeout=TIMEOUT)
+    ctx.reinit("second-world/", patched_ranks.TIMEOUT, store_timeout=patched_ranks.TIMEOUT)
     if registered:
-        rpg.register_default_process_group(TIMEOUT, accelerator_backends=("gloo",))
-    spy = _NativeSpy()
+        rpg.register_default_process_group(patched_ranks.TIMEOUT, accelerator_backends=("gloo",))
+    spy = patched_ranks.NativeSpy()
     new = dist.new_group([0, 1])
 
     def old_errors() -> dict:
@@ -470,7 +431,7 @@ def _pass_through_shim(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
     dist = ctx.patched("all")
-    spy = _NativeSpy()
+    spy = patched_ranks.NativeSpy()
     calls = []
     inner = dist.new_group
 
@@ -529,7 +490,7 @@ def _declared_layer(ctx: Rank) -> dict:
     capture = Capture()
     logging.getLogger("reloadpg_autopatch").addHandler(capture)
     dist = ctx.patched("all")
-    spy = _NativeSpy()
+    spy = patched_ranks.NativeSpy()
     native_class = type(dist.GroupMember.WORLD)
     slime_class, slime_destroy, slime_reload = slime_like.apply()
     layer = dist.new_group
@@ -668,7 +629,7 @@ def _fork_with_world_registered(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, registered=True)
+    dist = patched_ranks.start(ctx, registered=True)
     group = dist.new_group([0, 1])
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -718,11 +679,11 @@ def _world_replaced_behind_our_back(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _start(ctx, registered=False)
+    dist = patched_ranks.start(ctx, registered=False)
     old = dist.new_group([0, 1])
     inspect.unwrap(dist.destroy_process_group)()  # torch's own, as a stale binding would call it
-    ctx.reinit("replaced-world/", TIMEOUT, store_timeout=TIMEOUT)
-    spy = _NativeSpy()
+    ctx.reinit("replaced-world/", patched_ranks.TIMEOUT, store_timeout=patched_ranks.TIMEOUT)
+    spy = patched_ranks.NativeSpy()
     new = dist.new_group([0, 1])
     cycles = []
     for _ in range(2):

@@ -17,141 +17,28 @@ subprocesses, and the exception each call raises. A hang is a failure: every run
 deadline, and the watchdog's own timeout (``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT``) is kept short
 so that a rank stuck in a suspend barrier ends within seconds instead of 30 minutes.
 
-Several tests read one run (``_ranks`` keeps each run's result for the session), so that a
-promise has a test of its own without paying for one more set of interpreters.
+Several tests read one run (``run_once`` of ``tests/support/suspend_ranks.py`` keeps each
+run's result for the session), so that a promise has a test of its own without paying for one
+more set of interpreters.
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reloadpg_autopatch.tools import cpu_nccl as suspendable
-from tests.support import PROGRAMS, ROOT
-from tests.support.ranks import GATE, HOST, Rank, RankFailure, run_ranks
+from tests.support import suspend_ranks
+from tests.support.ranks import Rank
 
 pytestmark = pytest.mark.timeout(300)
 
-#: The watchdog's timeout in the ranks: a rank left alone in a suspend barrier ends this soon.
-WATCHDOG_S = "15"
-#: A run's deadline.
-DEADLINE = 150.0
 MiB = 2**20
 GiB = 2**30
-
-B_AVAILABLE = suspendable.python_backend_available()
-ON_214 = B_AVAILABLE  # torch 2.14: pre-hooks and Python backends; 2.13: neither
-needs_b = pytest.mark.skipif(not B_AVAILABLE, reason=suspendable.PYTHON_BACKEND_REASON)
-VARIANTS = [
-    pytest.param(suspendable.NAME_A, id="A"),
-    pytest.param(suspendable.NAME_B, id="B", marks=needs_b),
-]
-
-_RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
-
-
-def _ranks(fn: Any, n: int = 2, *, timeout: float = DEADLINE, **env: str) -> list[Any]:
-    """``run_ranks(fn, n)`` with the gate on, once per session for the same arguments."""
-    key = (fn.__name__, n, tuple(sorted(env.items())))
-    if key not in _RUNS:
-        full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": WATCHDOG_S, **env}
-        try:
-            _RUNS[key] = (True, run_ranks(fn, n, timeout=timeout, env=full))
-        except RankFailure as error:
-            _RUNS[key] = (False, error)
-    ok, value = _RUNS[key]
-    if not ok:
-        raise value
-    return value
-
-
-# ---- what every rank shares -----------------------------------------------------------------
-
-
-def _start(
-    ctx: Rank,
-    *,
-    mode: str = "suspend",
-    world: str = "gloo",
-    register: bool = False,
-    policy: str | None = None,
-    margin_gb: float = 0.0,
-    timeout: float = 30.0,
-) -> tuple[Any, Any, Any, Any]:
-    """Join WORLD on ``world`` in ``mode``; return (torch, torch.distributed, the package,
-    the stand-in module). The pretend device answers the package's memory queries."""
-    import warnings
-
-    import torch
-    import torch.distributed as dist
-
-    import reloadpg_autopatch as rpg
-    from reloadpg_autopatch.tools import cpu_nccl as s
-
-    warnings.simplefilter("ignore", FutureWarning)
-    assert rpg.is_patched(), "the gate did not patch this rank at start-up"
-    s.register()
-    rpg.set_reload_mode(mode)
-    if policy is not None:
-        rpg.set_wrap_policy(policy)
-    rpg.set_memory_probe(s.memory_probe, device_types=("cpu", s.ACCELERATOR))
-    rpg.set_memory_guard(margin_gb)
-    ctx.init(backend=world, timeout=timeout)
-    if register:
-        rpg.register_default_process_group()
-    return torch, dist, rpg, s
-
-
-def _leg() -> str:
-    """The stand-in whose collectives reach Python where it exists (2.14), else variant A."""
-    from reloadpg_autopatch.tools import cpu_nccl as s
-
-    return s.NAME_B if s.python_backend_available() else s.NAME_A
-
-
-def _outcome(call: Any) -> tuple[str, Any]:
-    """``("ok", result)`` or ``(exception class name, message)``."""
-    try:
-        return ("ok", call())
-    except Exception as error:
-        return (type(error).__name__, str(error))
-
-
-def _backend(group: Any) -> Any:
-    import torch
-
-    return group._get_backend(torch.device("cpu"))
-
-
-def _sum(dist: Any, torch: Any, rank: int, group: Any = None) -> float:
-    t = torch.tensor([float(rank + 1)])
-    dist.all_reduce(t, group=group)
-    return t.item()
-
-
-def _log(s: Any, since: int = 0, *, stats: bool = False) -> list[tuple[str, str, str, str]]:
-    """The stand-in's call log from ``since``: (backend, op, state, outcome)."""
-    return [
-        (c.backend, c.op, c.state, c.outcome)
-        for c in s.CALLS[since:]
-        if stats or c.op != "memory_stats"
-    ]
-
-
-def _is_suspended_error(kind: str, text: str, *names: str) -> bool:
-    return (
-        kind == "GroupSuspendedError"
-        and "reload_process_groups()" in text
-        and all(n in text for n in names)
-    )
 
 
 # ---- 1. every dispatcher path refused while asleep, and working after --------------------------
@@ -344,7 +231,7 @@ EXPECTED = {
 
 def _dispatch(ctx: Rank) -> dict[str, Any]:
     leg = os.environ["SUSPEND_TEST_LEG"]
-    torch, dist, rpg, s = _start(ctx, world=leg, register=True)
+    torch, dist, rpg, s = suspend_ranks.start(ctx, world=leg, register=True)
     world_before = dist.group.WORLD
     tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
     out: dict[str, Any] = {"awake": {}, "asleep": {}, "after": {}, "returned": []}
@@ -353,37 +240,45 @@ def _dispatch(ctx: Rank) -> dict[str, Any]:
         "WORLD": _dispatch_table(torch, dist, None, ctx.rank, out["returned"]),
     }
     for where, table in tables.items():
-        out["awake"][where] = {name: _outcome(call) for name, call in table.items()}
+        out["awake"][where] = {name: suspend_ranks.outcome(call) for name, call in table.items()}
     rpg.destroy_process_groups()
     out["returned"].clear()
     seen = len(s.collectives())
     for where, table in tables.items():
-        out["asleep"][where] = {name: _outcome(call) for name, call in table.items()}
+        out["asleep"][where] = {name: suspend_ranks.outcome(call) for name, call in table.items()}
     out["returned_asleep"] = list(out["returned"])
     out["stats_asleep"] = {b.label: b.state for b in s.backends(leg)}
     out["reached_backend_asleep"] = [(c.backend, c.op, c.outcome) for c in s.collectives()[seen:]]
     # A new group while WORLD sleeps: its communicator would be split from WORLD's (nccl2
     # does so at creation, no hook sees it), so it is refused; a gloo group is not.
-    out["new_group"] = _outcome(lambda: dist.new_group([0, 1], group_desc="made-asleep"))
-    gloo = _outcome(lambda: dist.new_group([0, 1], backend="gloo", group_desc="cpu-asleep"))
-    out["gloo_sum"] = _outcome(lambda: _sum(dist, torch, ctx.rank, gloo[1]))
-    out["world_after_new_group"] = _outcome(lambda: _sum(dist, torch, ctx.rank))
+    out["new_group"] = suspend_ranks.outcome(
+        lambda: dist.new_group([0, 1], group_desc="made-asleep")
+    )
+    gloo = suspend_ranks.outcome(
+        lambda: dist.new_group([0, 1], backend="gloo", group_desc="cpu-asleep")
+    )
+    out["gloo_sum"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, gloo[1])
+    )
+    out["world_after_new_group"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank)
+    )
     rpg.reload_process_groups()
     out["returned"].clear()
     for where, table in tables.items():
-        out["after"][where] = {name: _outcome(call) for name, call in table.items()}
+        out["after"][where] = {name: suspend_ranks.outcome(call) for name, call in table.items()}
     out["refused_ever"] = [(c.backend, c.op) for c in s.collectives(refused=True)]
     out["world_same"] = dist.group.WORLD is world_before
     return out
 
 
-@pytest.mark.parametrize("leg", VARIANTS)
+@pytest.mark.parametrize("leg", suspend_ranks.VARIANTS)
 def test_every_dispatcher_path_is_refused_while_asleep_and_works_after(leg: str) -> None:
     """WORLD (registered, on the stand-in) and a group on it sleep: every path into torch's
     dispatcher raises ``GroupSuspendedError`` at the call itself (also async ones), naming the
     group and ``reload_process_groups()``; nothing reaches the backend (variant B logs every
     collective it receives); after the reload every path gives torch's numbers again."""
-    ranks = _ranks(_dispatch, SUSPEND_TEST_LEG=leg)
+    ranks = suspend_ranks.run_once(_dispatch, SUSPEND_TEST_LEG=leg)
     for rank, out in enumerate(ranks):
         for where in ("tp", "WORLD"):
             for phase in ("awake", "after"):
@@ -391,7 +286,13 @@ def test_every_dispatcher_path_is_refused_while_asleep_and_works_after(leg: str)
                 assert out[phase][where] == want, (rank, where, phase)
             label = "'tp'" if where == "tp" else ""
             for name, (kind, text) in out["asleep"][where].items():
-                assert _is_suspended_error(kind, text, label), (rank, where, name, kind, text)
+                assert suspend_ranks.is_suspended_error(kind, text, label), (
+                    rank,
+                    where,
+                    name,
+                    kind,
+                    text,
+                )
         assert out["returned_asleep"] == [], f"rank {rank}: async calls returned a Work asleep"
         assert out["reached_backend_asleep"] == [], rank
         assert out["refused_ever"] == [], rank  # no call ever hit a sleeping communicator
@@ -399,24 +300,28 @@ def test_every_dispatcher_path_is_refused_while_asleep_and_works_after(leg: str)
         assert out["world_same"], rank
 
 
-@pytest.mark.parametrize("leg", VARIANTS)
+@pytest.mark.parametrize("leg", suspend_ranks.VARIANTS)
 def test_a_sleeping_world_names_itself_in_the_refusal(leg: str) -> None:
     """The refusal for WORLD says it is WORLD (on 2.13 too, where a wrapper guards it)."""
-    for rank, out in enumerate(_ranks(_dispatch, SUSPEND_TEST_LEG=leg)):
+    for rank, out in enumerate(suspend_ranks.run_once(_dispatch, SUSPEND_TEST_LEG=leg)):
         kind, text = out["asleep"]["WORLD"]["all_reduce"]
         assert kind == "GroupSuspendedError", (rank, kind, text)
         assert "WORLD" in text, (rank, text)
 
 
-@pytest.mark.parametrize("leg", VARIANTS)
+@pytest.mark.parametrize("leg", suspend_ranks.VARIANTS)
 def test_new_group_while_world_sleeps_is_refused_and_a_gloo_group_is_not(leg: str) -> None:
     """``new_group`` on WORLD's backend while a suspended WORLD sleeps raises
     ``GroupSuspendedError`` naming WORLD (its communicator would be split from WORLD's: torch
     2.15's nccl2 does so at creation, where no pre-hook sees it; ``tests/ranks/test_nccl2.py``
     shows the split); a gloo group is made and works at once; WORLD stays refused."""
-    for rank, out in enumerate(_ranks(_dispatch, SUSPEND_TEST_LEG=leg)):
+    for rank, out in enumerate(suspend_ranks.run_once(_dispatch, SUSPEND_TEST_LEG=leg)):
         kind, text = out["new_group"]
-        assert _is_suspended_error(kind, text, "WORLD", "new_group()"), (rank, kind, text)
+        assert suspend_ranks.is_suspended_error(kind, text, "WORLD", "new_group()"), (
+            rank,
+            kind,
+            text,
+        )
         assert out["gloo_sum"] == ("ok", 3.0), out["gloo_sum"]
         kind, text = out["world_after_new_group"]
         assert kind == "GroupSuspendedError", (rank, kind, text)
@@ -428,15 +333,15 @@ def test_new_group_while_world_sleeps_is_refused_and_a_gloo_group_is_not(leg: st
 def _identity(ctx: Rank) -> dict[str, Any]:
     from torch.distributed import distributed_c10d as c10d
 
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, world=leg, register=True)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, world=leg, register=True)
     groups = {
         "WORLD": dist.group.WORLD,
         "tp": dist.new_group([0, 1], backend=leg, group_desc="tp"),
         "dp": dist.new_group([0, 1], backend=leg, group_desc="dp"),
         "cpu": dist.new_group([0, 1], backend="gloo", group_desc="cpu"),
     }
-    backends = {name: _backend(g) for name, g in groups.items() if name != "cpu"}
+    backends = {name: suspend_ranks.backend(g) for name, g in groups.items() if name != "cpu"}
 
     def snapshot() -> dict[str, Any]:
         return {
@@ -448,9 +353,13 @@ def _identity(ctx: Rank) -> dict[str, Any]:
             "pg_names": sorted(map(str, c10d._world.pg_names.values())),
             "group_count": c10d._world.group_count,
             "names": {name: str(g.group_name) for name, g in groups.items()},
-            "backends same": {name: _backend(groups[name]) is b for name, b in backends.items()},
+            "backends same": {
+                name: suspend_ranks.backend(groups[name]) is b for name, b in backends.items()
+            },
             "creations": s.creations(),
-            "sums": {name: _sum(dist, torch, ctx.rank, g) for name, g in groups.items()},
+            "sums": {
+                name: suspend_ranks.rank_sum(dist, torch, ctx.rank, g) for name, g in groups.items()
+            },
         }
 
     before = snapshot()
@@ -468,7 +377,7 @@ def test_every_object_and_map_entry_stays_and_nothing_is_created() -> None:
     the object the program saw first, every group's ``id()``, torch's ``pg_map`` keys,
     ``pg_names``, ``group_count`` and names stay as they were, each group's backend is the
     same object, and the stand-in's creator never runs again (zero creations per cycle)."""
-    for rank, out in enumerate(_ranks(_identity)):
+    for rank, out in enumerate(suspend_ranks.run_once(_identity)):
         before = out["before"]
         assert before["WORLD is"], before
         assert before["creations"] == 3, before
@@ -558,7 +467,7 @@ def _cycles(ctx: Rank) -> list[dict[str, Any]]:
     warnings.simplefilter("ignore", FutureWarning)
     s.register()
     rpg.set_reload_mode("suspend")
-    leg = _leg()
+    leg = suspend_ranks.leg()
     counting = os.environ["SUSPEND_TEST_STORE"] == "counting"
     inner = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
     store = _counting_store(inner) if counting else inner
@@ -582,13 +491,16 @@ def _cycles(ctx: Rank) -> list[dict[str, Any]]:
         start = len(ops)
         rpg.destroy_process_groups()
         destroy = ops[start:]
-        asleep = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g))[0] for g in groups]
+        asleep = [
+            suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))[0]
+            for g in groups
+        ]
         suspended = [b.state for b in s.backends(leg)]
         listed_asleep = [g is world for g in rpg.reloadable_groups()]
         start = len(ops)
         rpg.reload_process_groups()
         reload = ops[start:]
-        sums = [_sum(dist, torch, ctx.rank, g) for g in groups]
+        sums = [suspend_ranks.rank_sum(dist, torch, ctx.rank, g) for g in groups]
         listed_awake = [g is world for g in rpg.reloadable_groups()]
         dist.barrier(group=cpu)  # every rank is through its reload
         keys = inner.num_keys() if ctx.rank == 0 else None
@@ -644,7 +556,10 @@ def test_a_cycle_costs_each_rank_two_store_rounds_at_two_and_four_ranks() -> Non
     is exactly one round and the reload exactly one (each rank: an append, an add, a wait and
     a read; the last to arrive also merges and tidies), under two different keys, and nothing
     else (no creation, no WORLD traffic); the same per-rank figures at 2 and 4 ranks."""
-    per_size = {n: _ranks(_cycles, n, timeout=240, SUSPEND_TEST_STORE="counting") for n in (2, 4)}
+    per_size = {
+        n: suspend_ranks.run_once(_cycles, n, timeout=240, SUSPEND_TEST_STORE="counting")
+        for n in (2, 4)
+    }
     shapes = {}
     for n, ranks in per_size.items():
         for rank, cycles in enumerate(ranks):
@@ -668,7 +583,7 @@ def test_a_cycle_costs_each_rank_two_store_rounds_at_two_and_four_ranks() -> Non
 def test_the_store_does_not_grow_over_twenty_cycles() -> None:
     """The TCPStore server's ``num_keys()`` after each of 20 cycles is the same: each round
     deletes what the one before it left."""
-    cycles = _ranks(_cycles, 2, timeout=240, SUSPEND_TEST_STORE="plain")[0]
+    cycles = suspend_ranks.run_once(_cycles, 2, timeout=240, SUSPEND_TEST_STORE="plain")[0]
     assert len(cycles) == 20
     counts = [cycle["num_keys"] for cycle in cycles]
     assert len(set(counts)) == 1, counts
@@ -679,7 +594,9 @@ def test_twenty_cycles_with_world_on_the_stand_in_keep_every_promise() -> None:
     asleep and every backend suspended, torch's sums after, WORLD and every group the same
     objects, torch's ``pg_map`` unchanged, no creation, and ``reloadable_groups()`` lists the
     two groups, never WORLD, asleep as awake."""
-    for rank, cycles in enumerate(_ranks(_cycles, 2, timeout=240, SUSPEND_TEST_STORE="plain")):
+    for rank, cycles in enumerate(
+        suspend_ranks.run_once(_cycles, 2, timeout=240, SUSPEND_TEST_STORE="plain")
+    ):
         for number, cycle in enumerate(cycles, start=1):
             assert cycle["asleep"] == ["GroupSuspendedError"] * 3, (rank, number)
             assert cycle["suspended"] == ["suspended"] * 3, (rank, number)  # WORLD, pair, all
@@ -701,8 +618,8 @@ def _refusal(ctx: Rank) -> dict[str, Any]:
     ``SUSPENDABLE_UNSUPPORTED=backend@1`` makes it; ``mixed``: initialized on rank 0, not yet
     on rank 1), beside ``dp``, which can."""
     how = os.environ["SUSPEND_TEST_HOW"]
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx)
     if how == "mixed" and ctx.rank == 1:
         s.configure(uninitialized=True)
     if how == "creation" and ctx.rank == 1:  # SUSPENDABLE_UNSUPPORTED=backend@1, for tp only
@@ -711,13 +628,16 @@ def _refusal(ctx: Rank) -> dict[str, Any]:
     s.configure()
     dp = dist.new_group([0, 1], backend=leg, group_desc="dp")
     if how == "live" and ctx.rank == 1:
-        _backend(tp).settings.unsupported = "backend"
+        suspend_ranks.backend(tp).settings.unsupported = "backend"
     out: dict[str, Any] = {"tp": str(tp.group_name), "dp": str(dp.group_name)}
-    out["destroy"] = _outcome(rpg.destroy_process_groups)
-    out["log"] = _log(s)
+    out["destroy"] = suspend_ranks.outcome(rpg.destroy_process_groups)
+    out["log"] = suspend_ranks.calls(s)
     out["states"] = [b.state for b in s.backends()]
-    out["usable"] = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for g in (tp, dp)]
-    out["reload"] = _outcome(rpg.reload_process_groups)
+    out["usable"] = [
+        suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))
+        for g in (tp, dp)
+    ]
+    out["reload"] = suspend_ranks.outcome(rpg.reload_process_groups)
     return out
 
 
@@ -728,7 +648,7 @@ def test_strict_mode_refuses_on_every_rank_with_nothing_suspended(how: str) -> N
     peer's is initialized): every rank raises ``ModeRefusedError`` with the same text naming
     that group, no suspend reaches any backend on any rank (the other group's neither), and
     every group stays awake and usable."""
-    ranks = _ranks(_refusal, SUSPEND_TEST_HOW=how)
+    ranks = suspend_ranks.run_once(_refusal, SUSPEND_TEST_HOW=how)
     texts = set()
     for rank, out in enumerate(ranks):
         kind, text = out["destroy"]
@@ -748,8 +668,8 @@ def test_strict_mode_refuses_on_every_rank_with_nothing_suspended(how: str) -> N
 def _fallback(ctx: Rank) -> dict[str, Any]:
     """Auto mode: ``tp`` rank 1 cannot suspend any more, ``mx`` answers differently per rank,
     ``dp`` can suspend everywhere."""
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, mode="auto")
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, mode="auto")
     tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
     if ctx.rank == 1:
         s.configure(uninitialized=True)
@@ -757,21 +677,23 @@ def _fallback(ctx: Rank) -> dict[str, Any]:
     s.configure()
     dp = dist.new_group([0, 1], backend=leg, group_desc="dp")
     if ctx.rank == 1:
-        _backend(tp).settings.unsupported = "backend"
+        suspend_ranks.backend(tp).settings.unsupported = "backend"
     groups = {"tp": tp, "mx": mx, "dp": dp}
     ids = {name: id(g) for name, g in groups.items()}
     made = s.creations()
     out: dict[str, Any] = {"names": {n: str(g.group_name) for n, g in groups.items()}}
     out["types"] = {n: type(g).__name__ for n, g in groups.items()}
-    out["destroy"] = _outcome(rpg.destroy_process_groups)
+    out["destroy"] = suspend_ranks.outcome(rpg.destroy_process_groups)
     out["asleep"] = {
-        n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for n, g in groups.items()
+        n: suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))
+        for n, g in groups.items()
     }
-    out["log"] = _log(s)
+    out["log"] = suspend_ranks.calls(s)
     out["report"] = rpg.last_cycle_report().to_dict()["destroy"]["groups"]
-    out["reload"] = _outcome(rpg.reload_process_groups)
+    out["reload"] = suspend_ranks.outcome(rpg.reload_process_groups)
     out["after"] = {
-        n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for n, g in groups.items()
+        n: suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))
+        for n, g in groups.items()
     }
     out["ids same"] = {n: id(g) == ids[n] for n, g in groups.items()}
     out["creations"] = s.creations() - made
@@ -784,15 +706,15 @@ def test_auto_mode_falls_back_for_the_groups_that_cannot_suspend_and_suspends_th
     it stays resident and usable; torch 2.13, behind a wrapper: destroyed, refused as
     destroyed, and created again by the reload), with no suspend reaching their backends;
     the group that can suspend still does, on every rank."""
-    for rank, out in enumerate(_ranks(_fallback)):
+    for rank, out in enumerate(suspend_ranks.run_once(_fallback)):
         names = out["names"]
         assert out["destroy"] == ("ok", None), out["destroy"]
         kind, text = out["asleep"]["dp"]
-        assert _is_suspended_error(kind, text, "dp"), (rank, kind, text)
+        assert suspend_ranks.is_suspended_error(kind, text, "dp"), (rank, kind, text)
         suspends = [c for c in out["log"] if c[1] == "suspend"]
         assert [c[3] for c in suspends] == ["ok"], suspends  # dp's, and only it
         for name in ("tp", "mx"):
-            if ON_214:
+            if suspend_ranks.ON_214:
                 assert out["types"][name] == "ProcessGroup"
                 assert out["asleep"][name] == ("ok", 3.0), (rank, name)  # resident
                 assert any(r.startswith(names[name]) for r in out["report"]["resident"])
@@ -803,33 +725,40 @@ def test_auto_mode_falls_back_for_the_groups_that_cannot_suspend_and_suspends_th
         assert out["reload"] == ("ok", None), out["reload"]
         assert out["after"] == {"tp": ("ok", 3.0), "mx": ("ok", 3.0), "dp": ("ok", 3.0)}
         assert all(out["ids same"].values())
-        assert out["creations"] == (0 if ON_214 else 2), out["creations"]
+        assert out["creations"] == (0 if suspend_ranks.ON_214 else 2), out["creations"]
 
 
 def _left_awake(ctx: Rank) -> dict[str, Any]:
     """Auto mode: rank 1's backend says at creation that it does not support suspend, so rank
     1 leaves ``cr`` torch's own and awake, where rank 0 takes it to suspend; ``dp`` can
     suspend everywhere. Two cycles."""
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, mode="auto", timeout=10.0)  # a lone creation: 10 s
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(
+        ctx, mode="auto", timeout=10.0
+    )  # a lone creation: 10 s
     if ctx.rank == 1:
         s.configure(unsupported="backend")
     cr = dist.new_group([0, 1], backend=leg, group_desc="cr")
     s.configure()
     dp = dist.new_group([0, 1], backend=leg, group_desc="dp")
     made = s.creations()
-    cr_label = _backend(cr).label
+    cr_label = suspend_ranks.backend(cr).label
     out: dict[str, Any] = {"cycles": []}
     for _ in range(2):
         seen = len(s.CALLS)
-        destroy = _outcome(rpg.destroy_process_groups)
+        destroy = suspend_ranks.outcome(rpg.destroy_process_groups)
         asleep = {
-            n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g))[0]
+            n: suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))[
+                0
+            ]
             for n, g in (("cr", cr), ("dp", dp))
         }
-        reload = _outcome(rpg.reload_process_groups)
-        cr_log = [c[1] for c in _log(s, seen) if c[0] == cr_label]
-        after = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for g in (cr, dp)]
+        reload = suspend_ranks.outcome(rpg.reload_process_groups)
+        cr_log = [c[1] for c in suspend_ranks.calls(s, seen) if c[0] == cr_label]
+        after = [
+            suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))
+            for g in (cr, dp)
+        ]
         out["cycles"].append(
             {
                 "destroy": destroy,
@@ -848,7 +777,7 @@ def test_a_group_one_rank_left_awake_at_creation_sleeps_on_no_rank() -> None:
     not support suspend), taken to suspend on rank 0: no rank suspends, destroys or creates
     ``cr`` (rank 0 alone in a barrier or a creation would wait for a peer that never comes),
     it works while the others sleep and after, and ``dp`` still sleeps and wakes."""
-    for rank, out in enumerate(_ranks(_left_awake)):
+    for rank, out in enumerate(suspend_ranks.run_once(_left_awake)):
         for number, cycle in enumerate(out["cycles"], start=1):
             where = (rank, number)
             assert cycle["destroy"] == ("ok", None), (where, cycle["destroy"])
@@ -860,24 +789,28 @@ def test_a_group_one_rank_left_awake_at_creation_sleeps_on_no_rank() -> None:
 
 
 def _guard_only(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx)
     tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
-    backend = _backend(tp)
+    backend = suspend_ranks.backend(tp)
     out: dict[str, Any] = {"name": str(tp.group_name)}
     rpg.destroy_process_groups()
     out["report"] = rpg.last_cycle_report().to_dict()["destroy"]["groups"]
-    out["asleep"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
+    out["asleep"] = suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp))
     out["initialized asleep"] = backend.initialized
     rpg.reload_process_groups()
-    out["first cycle"] = _log(s)
-    out["after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
+    out["first cycle"] = suspend_ranks.calls(s)
+    out["after"] = suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp))
     seen = len(s.CALLS)
     rpg.destroy_process_groups()  # variant B: the collective above created the communicator
-    out["second asleep"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
+    out["second asleep"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp)
+    )
     rpg.reload_process_groups()
-    out["second cycle"] = _log(s, seen)
-    out["second after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
+    out["second cycle"] = suspend_ranks.calls(s, seen)
+    out["second after"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp)
+    )
     out["lazy"] = leg == s.NAME_B  # B's first collective initializes, as NCCL's does
     return out
 
@@ -887,11 +820,11 @@ def test_a_group_no_member_initialized_is_guarded_without_a_suspend() -> None:
     guarded (refused while asleep, reported as guarded) but no suspend or resume is called,
     and the refused call did not initialize it; once a collective has initialized it
     (variant B, like NCCL), the next cycle suspends and resumes it."""
-    for rank, out in enumerate(_ranks(_guard_only, SUSPENDABLE_UNINITIALIZED="1")):
+    for rank, out in enumerate(suspend_ranks.run_once(_guard_only, SUSPENDABLE_UNINITIALIZED="1")):
         assert out["report"].get("guarded") == [out["name"]], out["report"]
         assert out["name"] not in out["report"].get("suspended", []), out["report"]
         kind, text = out["asleep"]
-        assert _is_suspended_error(kind, text, "tp"), (rank, kind, text)
+        assert suspend_ranks.is_suspended_error(kind, text, "tp"), (rank, kind, text)
         assert out["initialized asleep"] is False
         assert out["first cycle"] == [], out["first cycle"]
         assert out["after"] == ("ok", 3.0)
@@ -913,8 +846,8 @@ NEED = 2 * suspendable.MiB  # two groups of the stand-in's default 1 MiB each
 
 
 def _preflight(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, margin_gb=MARGIN_GB)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, margin_gb=MARGIN_GB)
     groups = [dist.new_group([0, 1], backend=leg, group_desc=d) for d in ("tp", "dp")]
     free_before = s.device_memory()[0]
     rpg.destroy_process_groups()
@@ -924,15 +857,21 @@ def _preflight(ctx: Rank) -> dict[str, Any]:
     s.occupy(free_asleep - want + (MiB if ctx.rank == 1 else 0))
     out: dict[str, Any] = {"free": s.device_memory()[0], "need": want}
     seen = len(s.CALLS)
-    out["first"] = _outcome(rpg.reload_process_groups)
-    out["first log"] = _log(s, seen)
-    out["asleep"] = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g))[0] for g in groups]
-    out["still suspended"] = [_backend(g).memory_stats()["suspended"] for g in groups]
+    out["first"] = suspend_ranks.outcome(rpg.reload_process_groups)
+    out["first log"] = suspend_ranks.calls(s, seen)
+    out["asleep"] = [
+        suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))[0]
+        for g in groups
+    ]
+    out["still suspended"] = [suspend_ranks.backend(g).memory_stats()["suspended"] for g in groups]
     s.occupy(None)
     seen = len(s.CALLS)
-    out["retry"] = _outcome(rpg.reload_process_groups)
-    out["retry log"] = [(op, outcome) for _, op, _, outcome in _log(s, seen)]
-    out["after"] = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for g in groups]
+    out["retry"] = suspend_ranks.outcome(rpg.reload_process_groups)
+    out["retry log"] = [(op, outcome) for _, op, _, outcome in suspend_ranks.calls(s, seen)]
+    out["after"] = [
+        suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))
+        for g in groups
+    ]
     report = rpg.last_cycle_report().to_dict()
     out["report destroy"] = report["destroy"] is not None
     out["driver_freed_bytes"] = (report["nccl"] or {}).get("driver_freed_bytes")
@@ -946,7 +885,7 @@ def test_a_rank_short_of_memory_makes_every_rank_refuse_then_a_retry_works() -> 
     same text, naming rank 1 (not rank 0), the device, its free bytes and the bytes needed; no
     resume reaches any backend, the groups stay refused and suspended. Freed, the retry
     resumes each group once and they give torch's sums."""
-    ranks = _ranks(_preflight)
+    ranks = suspend_ranks.run_once(_preflight)
     texts = {out["first"][1] for out in ranks}
     assert len(texts) == 1, texts
     text = texts.pop()
@@ -970,111 +909,17 @@ def test_a_retried_reload_keeps_the_report_of_its_cycle() -> None:
     """After a ``MemoryShortError`` and a successful retry, the cycle report is still the
     report of that cycle: its destroy is there, and the driver's freed bytes are what the
     pretend device gained during the destroy."""
-    for rank, out in enumerate(_ranks(_preflight)):
+    for rank, out in enumerate(suspend_ranks.run_once(_preflight)):
         assert out["report destroy"], f"rank {rank}: the retry dropped the destroy's report"
         assert out["driver_freed_bytes"] == out["measured freed"] == NEED, (rank, out)
-
-
-# ---- 6. the watchdog (ranks as plain subprocesses) ----------------------------------------------
-
-
-def _watchdog_run(
-    warm: int, hang: str, env: dict[str, str], deadline: float = 90.0
-) -> list[dict[str, Any]]:
-    """Start two ranks of ``programs/suspend_watchdog.py`` on a TCPStore of this process; wait
-    for both to end (killing them at ``deadline``); return each one's status, stderr, and the
-    seconds from its last MARK to its end. Subprocesses, not ``run_ranks``: the watchdog ends
-    the process with SIGABRT and its stacks on stderr, which is what the test reads."""
-    import torch.distributed as dist
-
-    server = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False)
-    full = {**os.environ, **GATE, **env}
-    # ``tests`` must import; a package copy named earlier on the path still wins.
-    paths = [p for p in full.get("PYTHONPATH", "").split(os.pathsep) if p]
-    full["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
-    procs, logs = [], []
-    program = str(PROGRAMS / "suspend_watchdog.py")
-    for rank in range(2):
-        log = open(  # noqa: SIM115 - closed below, after the process ends
-            Path(os.environ.get("TMPDIR", "/tmp")) / f"suspend-watchdog-{os.getpid()}-{rank}.log",
-            "w+",
-        )
-        args = [sys.executable, program, HOST, str(server.port), str(rank), "2", str(warm), hang]
-        procs.append(subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=log))
-        logs.append(log)
-    ended: dict[int, float] = {}
-    stop = time.monotonic() + deadline
-    while len(ended) < 2 and time.monotonic() < stop:
-        for rank, proc in enumerate(procs):
-            if rank not in ended and proc.poll() is not None:
-                ended[rank] = time.time()
-        time.sleep(0.05)
-    results = []
-    for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
-        if proc.poll() is None:
-            proc.kill()
-        stdout = proc.communicate(timeout=10)[0].decode(errors="replace")
-        log.seek(0)
-        stderr = log.read()
-        log.close()
-        os.unlink(log.name)
-        marks = [line.split() for line in stderr.splitlines() if line.startswith("MARK ")]
-        last = float(marks[-1][2]) if marks else None
-        results.append(
-            {
-                "returncode": proc.returncode,
-                "stdout": stdout,
-                "stderr": stderr,
-                "step": marks[-1][1] if marks else None,
-                "seconds": (ended[rank] - last) if rank in ended and last else None,
-            }
-        )
-    del server
-    return results
-
-
-@pytest.mark.parametrize(
-    ("phase", "warm", "hang", "env", "limit"),
-    [
-        pytest.param(
-            "suspend", 0, "-", {"SUSPENDABLE_HANG": "suspend@1"}, 3.0, id="suspend-env-timeout"
-        ),
-        pytest.param("resume", 1, "resume@1", {}, 3.0, id="resume-cycle2-env-timeout"),
-        pytest.param("suspend", 0, "suspend@0", {}, None, id="suspend-world-timeout"),
-    ],
-)
-def test_a_suspend_or_resume_that_never_returns_aborts_every_rank(
-    phase: str, warm: int, hang: str, env: dict[str, str], limit: float | None
-) -> None:
-    """One rank's ``suspend()`` or ``resume()`` never arrives (its peer waits in the barrier):
-    both ranks end by SIGABRT no sooner than the suspend timeout
-    (``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT``, else WORLD's) and within a few seconds of it,
-    and each one's stderr names the group, the call and the cycle, with the stacks."""
-    world_timeout = 4.0
-    env = {**env, "WATCHDOG_WORLD_TIMEOUT": str(world_timeout if limit is None else 60)}
-    if limit is not None:
-        env["SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT"] = str(limit)
-    seconds = world_timeout if limit is None else limit
-    cycle = warm + 1
-    step = "destroy" if phase == "suspend" else "reload"
-    for rank, run in enumerate(_watchdog_run(warm, hang, env)):
-        err = run["stderr"]
-        assert run["returncode"] == -signal.SIGABRT, (rank, run["returncode"], err[-3000:])
-        assert "RETURNED" not in run["stdout"]
-        assert run["step"] == step, (rank, run["step"])
-        assert seconds - 0.5 <= run["seconds"] <= seconds + 6.0, (rank, run["seconds"])
-        assert "tp-watched" in err, err[-3000:]
-        assert f"{phase}()" in err, err[-3000:]
-        assert f"cycle {cycle}, {step}" in err, err[-3000:]
-        assert "most recent call first" in err, err[-3000:]  # faulthandler's stacks
 
 
 # ---- 6. a suspend or a resume that raises: the group is broken, the others go on ----------------
 
 
 def _broken(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx)
     s.configure(fail_after_barrier="suspend")
     bad_s = dist.new_group([0, 1], backend=leg, group_desc="bad-suspend")
     s.configure(fail_after_barrier="resume")
@@ -1084,18 +929,28 @@ def _broken(ctx: Rank) -> dict[str, Any]:
     groups = {"bad-suspend": bad_s, "bad-resume": bad_r, "good": good}
 
     def use() -> dict[str, tuple[str, Any]]:
-        return {n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for n, g in groups.items()}
+        return {
+            n: suspend_ranks.outcome(lambda g=g: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))
+            for n, g in groups.items()
+        }
 
-    out: dict[str, Any] = {"destroy": _outcome(rpg.destroy_process_groups), "asleep": use()}
-    out["reload"] = _outcome(rpg.reload_process_groups)
+    out: dict[str, Any] = {
+        "destroy": suspend_ranks.outcome(rpg.destroy_process_groups),
+        "asleep": use(),
+    }
+    out["reload"] = suspend_ranks.outcome(rpg.reload_process_groups)
     out["after"] = use()
-    out["second destroy"] = _outcome(rpg.destroy_process_groups)
+    out["second destroy"] = suspend_ranks.outcome(rpg.destroy_process_groups)
     out["second asleep"] = use()
-    out["second reload"] = _outcome(rpg.reload_process_groups)
+    out["second reload"] = suspend_ranks.outcome(rpg.reload_process_groups)
     out["second after"] = use()
     lifecycle = ("suspend", "resume")
     out["log"] = {
-        n: [(c[1], c[3][:8]) for c in _log(s) if c[0] == _backend(g).label and c[1] in lifecycle]
+        n: [
+            (c[1], c[3][:8])
+            for c in suspend_ranks.calls(s)
+            if c[0] == suspend_ranks.backend(g).label and c[1] in lifecycle
+        ]
         for n, g in groups.items()
     }
     return out
@@ -1107,7 +962,7 @@ def test_a_failed_suspend_or_resume_breaks_that_group_and_the_step_goes_on() -> 
     group and the call; the broken groups refuse every use with ``GroupBrokenError`` from then
     on (asleep, after the reload, a cycle later) and are never suspended or resumed again;
     the healthy group sleeps and wakes every cycle."""
-    for rank, out in enumerate(_ranks(_broken)):
+    for rank, out in enumerate(suspend_ranks.run_once(_broken)):
         kind, text = out["destroy"]
         assert kind == "GroupBrokenError", (rank, kind, text)
         assert "suspend" in text, text
@@ -1138,11 +993,13 @@ def _release(ctx: Rank) -> dict[str, Any]:
     from torch.distributed import distributed_c10d as c10d
 
     who, when = os.environ["SUSPEND_TEST_WHO"], os.environ["SUSPEND_TEST_WHEN"]
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, timeout=10.0)  # a peer that never comes: 10 s, not 30
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(
+        ctx, timeout=10.0
+    )  # a peer that never comes: 10 s, not 30
     g = dist.new_group([0, 1], backend=leg, group_desc="kept")
     h = dist.new_group([0, 1], backend=leg, group_desc="released")
-    h_backend, h_native = _backend(h), getattr(h, "group", h)
+    h_backend, h_native = suspend_ranks.backend(h), getattr(h, "group", h)
     made = s.creations()
     releases = who == "both" or int(who) == ctx.rank
     out: dict[str, Any] = {"releases": releases}
@@ -1151,19 +1008,19 @@ def _release(ctx: Rank) -> dict[str, Any]:
     seen = len(s.CALLS)
     if releases:
         dist.destroy_process_group(h)
-    out["at release"] = _log(s, seen)
+    out["at release"] = suspend_ranks.calls(s, seen)
     if when == "awake":
-        out["destroy"] = _outcome(rpg.destroy_process_groups)
-    out["reload"] = _outcome(rpg.reload_process_groups)
-    out["h log"] = [c[1] for c in _log(s, seen) if c[0] == h_backend.label]
+        out["destroy"] = suspend_ranks.outcome(rpg.destroy_process_groups)
+    out["reload"] = suspend_ranks.outcome(rpg.reload_process_groups)
+    out["h log"] = [c[1] for c in suspend_ranks.calls(s, seen) if c[0] == h_backend.label]
     out["h resumes"] = h_backend.resumes
     out["h in pg_map"] = h_native in c10d._world.pg_map
-    out["g"] = _outcome(lambda: _sum(dist, torch, ctx.rank, g))
+    out["g"] = suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))
     out["second cycle"] = (
-        _outcome(rpg.destroy_process_groups),
-        _outcome(rpg.reload_process_groups),
+        suspend_ranks.outcome(rpg.destroy_process_groups),
+        suspend_ranks.outcome(rpg.reload_process_groups),
     )
-    out["g after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, g))
+    out["g after"] = suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, g))
     out["creations"] = s.creations() - made
     return out
 
@@ -1174,7 +1031,7 @@ def test_a_group_released_on_every_rank_while_asleep_goes_after_its_resume() -> 
     where its shutdown reaches Python) and then torch forgets it; no group is created for it
     (zero creations), and the other group works through later cycles."""
     for rank, out in enumerate(
-        _ranks(_release, SUSPEND_TEST_WHO="both", SUSPEND_TEST_WHEN="asleep")
+        suspend_ranks.run_once(_release, SUSPEND_TEST_WHO="both", SUSPEND_TEST_WHEN="asleep")
     ):
         assert out["at release"] == [], out["at release"]
         assert out["reload"] == ("ok", None), out["reload"]
@@ -1193,7 +1050,7 @@ def test_a_group_released_on_one_member_does_not_stall_the_others(when: str) -> 
     """Rank 1 alone releases ``h`` (while it sleeps, or while awake before the destroy): every
     rank still completes the destroy and the reload, no group is created, and the other group
     works on; nobody waits for a peer that let ``h`` go."""
-    ranks = _ranks(_release, SUSPEND_TEST_WHO="1", SUSPEND_TEST_WHEN=when)
+    ranks = suspend_ranks.run_once(_release, SUSPEND_TEST_WHO="1", SUSPEND_TEST_WHEN=when)
     for rank, out in enumerate(ranks):
         if when == "awake":
             assert out["destroy"] == ("ok", None), (rank, out["destroy"])
@@ -1204,25 +1061,30 @@ def test_a_group_released_on_one_member_does_not_stall_the_others(when: str) -> 
 
 
 def _end_world(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, world=leg, register=True)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, world=leg, register=True)
     tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
     labels = [b.label for b in s.backends()]
     rpg.destroy_process_groups()
     seen = len(s.CALLS)
-    out: dict[str, Any] = {"end": _outcome(dist.destroy_process_group)}
-    out["log"] = [(c[0], c[1], c[3]) for c in _log(s, seen)]
+    out: dict[str, Any] = {"end": suspend_ranks.outcome(dist.destroy_process_group)}
+    out["log"] = [(c[0], c[1], c[3]) for c in suspend_ranks.calls(s, seen)]
     out["labels"] = labels
     out["resumes"] = [b.resumes for b in s.backends()]
     out["initialized"] = dist.is_initialized()
-    out["tp"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))[0]
+    out["tp"] = suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp))[0]
     # A new world on the same store works, with a group that sleeps and wakes.
     from datetime import timedelta
 
     ctx.reinit("second-world/", timedelta(seconds=30))
     fresh = dist.new_group([0, 1], backend=leg)
-    out["fresh cycle"] = (_outcome(rpg.destroy_process_groups), _outcome(rpg.reload_process_groups))
-    out["fresh"] = _outcome(lambda: _sum(dist, torch, ctx.rank, fresh))
+    out["fresh cycle"] = (
+        suspend_ranks.outcome(rpg.destroy_process_groups),
+        suspend_ranks.outcome(rpg.reload_process_groups),
+    )
+    out["fresh"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, fresh)
+    )
     return out
 
 
@@ -1230,7 +1092,7 @@ def test_ending_world_while_asleep_resumes_every_communicator_first() -> None:
     """``dist.destroy_process_group()`` while WORLD and a group sleep: it returns, every
     suspended backend was resumed once before torch shut it down (the stand-in logs both where
     the shutdown reaches Python), torch is no longer initialized, and a new world works."""
-    for rank, out in enumerate(_ranks(_end_world)):
+    for rank, out in enumerate(suspend_ranks.run_once(_end_world)):
         assert out["end"] == ("ok", None), out["end"]
         assert out["resumes"] == [1, 1], out["resumes"]
         for label in out["labels"]:
@@ -1240,7 +1102,9 @@ def test_ending_world_while_asleep_resumes_every_communicator_first() -> None:
                 assert ops.index("resume") < ops.index("shutdown"), (label, ops)
         assert all(outcome == "ok" for _, _, outcome in out["log"]), out["log"]
         assert out["initialized"] is False
-        if not ON_214:  # the wrapper says its WORLD ended (2.14: torch's own group, torch's rules)
+        if (
+            not suspend_ranks.ON_214
+        ):  # the wrapper says its WORLD ended (2.14: torch's own group, torch's rules)
             assert out["tp"] == "GroupDestroyedError", out["tp"]
         assert out["fresh cycle"] == (("ok", None), ("ok", None))
         assert out["fresh"] == ("ok", 3.0)
@@ -1259,12 +1123,17 @@ def _child(rpg: Any, s: Any, dist: Any, torch: Any, group: Any) -> dict[str, Any
         try:
             seen = len(s.CALLS)
             started = time.monotonic()
-            steps = [_outcome(rpg.destroy_process_groups), _outcome(rpg.reload_process_groups)]
+            steps = [
+                suspend_ranks.outcome(rpg.destroy_process_groups),
+                suspend_ranks.outcome(rpg.reload_process_groups),
+            ]
             report = {
                 "seconds": time.monotonic() - started,
                 "steps": steps,
-                "log": _log(s, seen, stats=True),
-                "use": _outcome(lambda: _backend(group).memory_stats()["suspended"]),
+                "log": suspend_ranks.calls(s, seen, stats=True),
+                "use": suspend_ranks.outcome(
+                    lambda: suspend_ranks.backend(group).memory_stats()["suspended"]
+                ),
             }
         except BaseException as error:
             report = {"error": repr(error)}
@@ -1282,8 +1151,8 @@ def _child(rpg: Any, s: Any, dist: Any, torch: Any, group: Any) -> dict[str, Any
 def _process(ctx: Rank) -> dict[str, Any]:
     import threading
 
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx)
     tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
     # Rank 0 alone forks: a child that took part in a step would wait for a peer that never
     # comes (or meet rank 1's child, were both to fork).
@@ -1291,16 +1160,20 @@ def _process(ctx: Rank) -> dict[str, Any]:
     out: dict[str, Any] = {"child awake": _child(rpg, s, dist, torch, tp) if forks else None}
     rpg.destroy_process_groups()
     out["child asleep"] = _child(rpg, s, dist, torch, tp) if forks else None
-    out["parent asleep"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))[0]
-    out["parent reload"] = _outcome(rpg.reload_process_groups)
-    out["parent after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
+    out["parent asleep"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp)
+    )[0]
+    out["parent reload"] = suspend_ranks.outcome(rpg.reload_process_groups)
+    out["parent after"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp)
+    )
     # Two threads destroy at once; a slow before-destroy hook keeps the first one inside.
     results: list[tuple[str, Any]] = []
     start = threading.Barrier(2)
 
     def destroy() -> None:
         start.wait()
-        results.append(_outcome(rpg.destroy_process_groups))
+        results.append(suspend_ranks.outcome(rpg.destroy_process_groups))
 
     handle = rpg.add_reload_hook(before_destroy=lambda groups: time.sleep(1.5), name="slow")
     threads = [threading.Thread(target=destroy) for _ in range(2)]
@@ -1310,9 +1183,11 @@ def _process(ctx: Rank) -> dict[str, Any]:
         thread.join(timeout=60)
     handle.remove()
     out["threads"] = sorted(results)
-    out["threads suspends"] = [op for _, op, _, _ in _log(s) if op == "suspend"]
-    out["threads reload"] = _outcome(rpg.reload_process_groups)
-    out["threads after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
+    out["threads suspends"] = [op for _, op, _, _ in suspend_ranks.calls(s) if op == "suspend"]
+    out["threads reload"] = suspend_ranks.outcome(rpg.reload_process_groups)
+    out["threads after"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp)
+    )
     return out
 
 
@@ -1320,7 +1195,7 @@ def test_a_forked_child_never_suspends_or_resumes() -> None:
     """``os.fork()`` in rank 0, awake and asleep: the child's ``destroy_process_groups()`` and
     ``reload_process_groups()`` return at once, nothing reaches the stand-in in the child (not
     even ``memory_stats``), and the parents' cycle goes on as if nothing happened."""
-    for rank, out in enumerate(_ranks(_process)):
+    for rank, out in enumerate(suspend_ranks.run_once(_process)):
         for when in ("child awake", "child asleep") if rank == 0 else ():
             child = out[when]
             assert "error" not in child, (rank, when, child)
@@ -1338,7 +1213,7 @@ def test_a_forked_child_never_suspends_or_resumes() -> None:
 def test_two_threads_destroying_at_once_get_one_step_and_one_refusal() -> None:
     """Two threads of a rank call ``destroy_process_groups()`` together: one completes (one
     suspend), the other raises ``StepInProgressError``; the reload then works."""
-    for rank, out in enumerate(_ranks(_process)):
+    for rank, out in enumerate(suspend_ranks.run_once(_process)):
         kinds = [kind for kind, _ in out["threads"]]
         assert kinds == ["StepInProgressError", "ok"], (rank, out["threads"])
         assert "another thread" in out["threads"][0][1]
@@ -1353,8 +1228,8 @@ def test_two_threads_destroying_at_once_get_one_step_and_one_refusal() -> None:
 def _gloo(ctx: Rank) -> dict[str, Any]:
     from torch.distributed import distributed_c10d as c10d
 
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, register=True, policy="all")
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, register=True, policy="all")
     world = dist.group.WORLD
     cpu = dist.new_group([0, 1], backend="gloo", group_desc="cpu")
     tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
@@ -1375,11 +1250,19 @@ def _gloo(ctx: Rank) -> dict[str, Any]:
         return [t.item(), b.item(), o.tolist(), objects]
 
     rpg.destroy_process_groups()
-    out["asleep"] = [_outcome(lambda: use(None)), _outcome(lambda: use(cpu))]
-    out["tp asleep"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))[0]
+    out["asleep"] = [
+        suspend_ranks.outcome(lambda: use(None)),
+        suspend_ranks.outcome(lambda: use(cpu)),
+    ]
+    out["tp asleep"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp)
+    )[0]
     out["report"] = rpg.last_cycle_report().to_dict()["destroy"]["groups"]
     rpg.reload_process_groups()
-    out["after"] = [_outcome(lambda: use(None)), _outcome(lambda: use(cpu))]
+    out["after"] = [
+        suspend_ranks.outcome(lambda: use(None)),
+        suspend_ranks.outcome(lambda: use(cpu)),
+    ]
     out["ids same"] = ids == (id(dist.group.WORLD), id(cpu), id(c10d._world.default_pg))
     out["reloadable"] = [g is dist.group.WORLD or g is cpu for g in rpg.reloadable_groups()]
     out["suspended"] = [b.suspends for b in s.backends()]
@@ -1392,7 +1275,7 @@ def test_gloo_groups_and_a_gloo_world_stay_awake_and_untouched() -> None:
     destroyed, and work while the stand-in group sleeps (all_reduce, broadcast, all_gather,
     barrier, broadcast_object_list give torch's numbers), before and after the reload."""
     want = ("ok", [3.0, 8.0, [0.0, 1.0], ["rank 0"]])
-    for rank, out in enumerate(_ranks(_gloo)):
+    for rank, out in enumerate(suspend_ranks.run_once(_gloo)):
         assert out["types"] == ["ProcessGroup", "ProcessGroup"], out["types"]
         assert out["asleep"] == [want, want], (rank, out["asleep"])
         assert out["after"] == [want, want], (rank, out["after"])
@@ -1409,8 +1292,8 @@ def test_gloo_groups_and_a_gloo_world_stay_awake_and_untouched() -> None:
 
 
 def _mixed(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx)
     mixed = dist.new_group([0, 1], backend=f"cpu:gloo,{s.ACCELERATOR}:{leg}", group_desc="mx")
     acc = mixed._get_backend(torch.device(s.ACCELERATOR))
 
@@ -1430,9 +1313,9 @@ def _mixed(ctx: Rank) -> dict[str, Any]:
             return "passed"
 
         return {
-            "all_reduce": _outcome(reduce),
-            "all_gather": _outcome(gather),
-            "barrier": _outcome(barrier),
+            "all_reduce": suspend_ranks.outcome(reduce),
+            "all_gather": suspend_ranks.outcome(gather),
+            "barrier": suspend_ranks.outcome(barrier),
         }
 
     def acc_calls() -> dict[str, Any]:
@@ -1454,9 +1337,9 @@ def _mixed(ctx: Rank) -> dict[str, Any]:
             return t.host.tolist()
 
         return {
-            "all_reduce": _outcome(reduce),
-            "all_gather": _outcome(gather),
-            "broadcast": _outcome(broadcast),
+            "all_reduce": suspend_ranks.outcome(reduce),
+            "all_gather": suspend_ranks.outcome(gather),
+            "broadcast": suspend_ranks.outcome(broadcast),
         }
 
     out: dict[str, Any] = {"awake": (cpu_calls(), acc_calls())}
@@ -1484,18 +1367,18 @@ def test_a_mixed_group_refuses_its_sleeping_accelerator_leg() -> None:
     communicates, CPU tensors and the barrier included (the safe side)."""
     cpu_want = {k: ("ok", v) for k, v in MIXED_CPU.items()}
     acc_want = {k: ("ok", v) for k, v in MIXED_ACC.items()}
-    for rank, out in enumerate(_ranks(_mixed)):
+    for rank, out in enumerate(suspend_ranks.run_once(_mixed)):
         assert out["awake"] == (cpu_want, acc_want), (rank, out["awake"])
         assert out["after"] == (cpu_want, acc_want), (rank, out["after"])
         assert out["acc suspended"] == 1
         assert out["acc after"] == 0
         cpu, acc = out["asleep"]
         for name, (kind, text) in acc.items():
-            assert _is_suspended_error(kind, text, "mx"), (rank, name, kind, text)
-        if ON_214:
+            assert suspend_ranks.is_suspended_error(kind, text, "mx"), (rank, name, kind, text)
+        if suspend_ranks.ON_214:
             assert cpu == cpu_want, (rank, cpu)
         else:
-            assert all(_is_suspended_error(*cpu[name], "mx") for name in cpu), cpu
+            assert all(suspend_ranks.is_suspended_error(*cpu[name], "mx") for name in cpu), cpu
         assert out["refused by backend"] == [], out["refused by backend"]
 
 
@@ -1506,8 +1389,8 @@ SIZES = {"tp": (3 * MiB, 1 * MiB), "dp": (5 * MiB, 2 * MiB)}  # (suspend, persis
 
 
 def _report(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    _, dist, rpg, s = _start(ctx)
+    leg = suspend_ranks.leg()
+    _, dist, rpg, s = suspend_ranks.start(ctx)
     names = {}
     for desc, (suspend, persist) in SIZES.items():
         s.configure(suspend_bytes=suspend, persist_bytes=persist)
@@ -1539,7 +1422,7 @@ def test_the_cycle_report_gives_what_the_backends_and_the_device_say() -> None:
     host backups the stand-in holds while asleep, ``driver_freed_bytes`` (and ``freed_bytes``)
     what the pretend device gained during the destroy; per group ``stats_before`` /
     ``stats_asleep`` / ``stats_after`` say 0, 1 and 0 suspended, and the calls took time."""
-    for rank, out in enumerate(_ranks(_report)):
+    for rank, out in enumerate(suspend_ranks.run_once(_report)):
         names, after = out["names"], out["after"]
         nccl = after["nccl"]
         released = sum(suspend for suspend, _ in SIZES.values())
@@ -1581,10 +1464,10 @@ def _pools(ctx: Rank) -> dict[str, Any]:
     for cls in classes:  # before any group exists, as Megatron's allocator would find them
         cls.register_mem_pool = register_mem_pool
         cls.deregister_mem_pool = deregister_mem_pool
-    leg = _leg()
-    torch, dist, rpg, _ = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, _ = suspend_ranks.start(ctx)
     group = dist.new_group([0, 1], backend=leg, group_desc="tp")
-    backend = _backend(group)
+    backend = suspend_ranks.backend(group)
     pool = object()
     backend.register_mem_pool(pool, symm=True)
     out: dict[str, Any] = {"at registration": list(calls), "cycles": []}
@@ -1598,8 +1481,8 @@ def _pools(ctx: Rank) -> dict[str, Any]:
             {
                 "destroy": destroy,
                 "reload": list(calls),
-                "same backend": _backend(group) is backend,
-                "sum": _sum(dist, torch, ctx.rank, group),
+                "same backend": suspend_ranks.backend(group) is backend,
+                "sum": suspend_ranks.rank_sum(dist, torch, ctx.rank, group),
             }
         )
     out["ids"] = (id(backend), id(pool))
@@ -1610,7 +1493,7 @@ def test_a_registered_memory_pool_is_neither_deregistered_nor_registered_again()
     """A pool registered through a suspend-mode group's backend stays registered: the
     communicator is suspended, not destroyed, so no destroy deregisters it and no reload
     registers it again; the backend the group hands out is the same object every cycle."""
-    for rank, out in enumerate(_ranks(_pools)):
+    for rank, out in enumerate(suspend_ranks.run_once(_pools)):
         backend, pool = out["ids"]
         assert out["at registration"] == [("register", backend, pool)], out["at registration"]
         for n, cycle in enumerate(out["cycles"], start=1):
@@ -1628,23 +1511,25 @@ def _pairs(ctx: Rank) -> dict[str, Any]:
     """Four ranks, every group taken by the rule (policy ``all``, as the rule takes NCCL
     groups): pairs [0, 1] and [2, 3], so each rank is a non-member of one; three cycles; then
     a group made after the last reload."""
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, policy="all")
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, policy="all")
     pairs = [dist.new_group([0, 1], backend=leg), dist.new_group([2, 3], backend=leg)]
     mine = pairs[ctx.rank // 2]
     made = s.creations()
     out: dict[str, Any] = {"sums": [], "asleep": []}
     for _ in range(3):
         rpg.destroy_process_groups()
-        out["asleep"].append(_outcome(lambda: _sum(dist, torch, ctx.rank, mine))[0])
+        out["asleep"].append(
+            suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, mine))[0]
+        )
         rpg.reload_process_groups()
-        out["sums"].append(_sum(dist, torch, ctx.rank, mine))
+        out["sums"].append(suspend_ranks.rank_sum(dist, torch, ctx.rank, mine))
     out["creations"] = s.creations() - made
     fresh = dist.new_group([0, 1, 2, 3], backend=leg)
     names: list[Any] = [None] * 4
     dist.all_gather_object(names, str(fresh.group_name))  # on gloo WORLD
     out["fresh names"] = names
-    out["fresh sum"] = _sum(dist, torch, ctx.rank, fresh)
+    out["fresh sum"] = suspend_ranks.rank_sum(dist, torch, ctx.rank, fresh)
     return out
 
 
@@ -1653,7 +1538,7 @@ def test_non_members_create_nothing_for_groups_that_sleep_by_suspend() -> None:
     (the stand-in's creator is never called; a non-member creating alone would hang, or give
     torch's group counter a step its peers never took), each pair sums 1+2 and 3+4, and a
     group made afterwards has the same name on every rank and works."""
-    for rank, out in enumerate(_ranks(_pairs, 4, timeout=240)):
+    for rank, out in enumerate(suspend_ranks.run_once(_pairs, 4, timeout=240)):
         assert out["asleep"] == ["GroupSuspendedError"] * 3, (rank, out["asleep"])
         assert out["sums"] == [3.0 if rank < 2 else 7.0] * 3, (rank, out["sums"])
         assert out["creations"] == 0, (rank, out["creations"])

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.ranks.test_suspend import _backend, _leg, _outcome, _ranks, _start, _sum, needs_b
+from tests.support import suspend_ranks
 from tests.support.ranks import Rank
 
 pytestmark = pytest.mark.timeout(300)
-
 
 # ---- the preflight empties the cache before it refuses ("collecting garbage and emptying
 # the allocator's cache when short") ------------------------------------------------------------
@@ -29,8 +28,8 @@ pytestmark = pytest.mark.timeout(300)
 def _cleared_then_resumed(ctx: Rank) -> dict[str, Any]:
     """Every rank is short of what its resume needs until the cache is emptied: the probe's
     ``clear`` gives the memory back, so the reload resumes without a ``MemoryShortError``."""
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx)
     group = dist.new_group([0, 1], backend=leg, group_desc="tp")
     cleared: list[str] = []
 
@@ -42,14 +41,14 @@ def _cleared_then_resumed(ctx: Rank) -> dict[str, Any]:
     rpg.destroy_process_groups()
     s.occupy(s.device_memory()[0])  # nothing free: short of the resume's need
     out: dict[str, Any] = {"free when short": s.device_memory()[0]}
-    out["reload"] = _outcome(rpg.reload_process_groups)
+    out["reload"] = suspend_ranks.outcome(rpg.reload_process_groups)
     out["cleared"] = cleared
-    out["sum"] = _outcome(lambda: _sum(dist, torch, ctx.rank, group))
+    out["sum"] = suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, group))
     return out
 
 
 def test_a_rank_short_of_memory_empties_the_cache_and_then_resumes() -> None:
-    for rank, out in enumerate(_ranks(_cleared_then_resumed)):
+    for rank, out in enumerate(suspend_ranks.run_once(_cleared_then_resumed)):
         assert out["free when short"] == 0, (rank, out)
         assert out["cleared"], f"rank {rank}: the preflight never emptied the cache: {out}"
         assert out["reload"] == ("ok", None), (rank, out["reload"])
@@ -61,27 +60,27 @@ def test_a_rank_short_of_memory_empties_the_cache_and_then_resumes() -> None:
 
 
 def _local_calls(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, _s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, _s = suspend_ranks.start(ctx)
     group = dist.new_group([0, 1], backend=leg, group_desc="tp")
 
     def local() -> dict[str, Any]:
         return {
-            "rank": _outcome(group.rank),
-            "size": _outcome(group.size),
-            "group_name": _outcome(lambda: str(group.group_name)),
+            "rank": suspend_ranks.outcome(group.rank),
+            "size": suspend_ranks.outcome(group.size),
+            "group_name": suspend_ranks.outcome(lambda: str(group.group_name)),
         }
 
     awake = local()
     rpg.destroy_process_groups()
     asleep = local()
-    refused = _outcome(lambda: _sum(dist, torch, ctx.rank, group))
+    refused = suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, group))
     rpg.reload_process_groups()
     return {"awake": awake, "asleep": asleep, "refused": refused}
 
 
 def test_a_sleeping_group_still_answers_rank_size_and_its_name() -> None:
-    for rank, out in enumerate(_ranks(_local_calls)):
+    for rank, out in enumerate(suspend_ranks.run_once(_local_calls)):
         assert out["awake"]["rank"] == ("ok", rank), out
         assert out["awake"]["size"] == ("ok", 2), out
         assert out["asleep"] == out["awake"], (rank, out)
@@ -182,12 +181,12 @@ def test_the_doctor_warns_about_what_makes_suspend_free_less(
 
 
 def _order(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, world=leg, register=True)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, world=leg, register=True)
     groups = [dist.group.WORLD] + [
         dist.new_group([0, 1], backend=leg, group_desc=d) for d in ("tp", "dp", "pp")
     ]
-    labels = [_backend(g).label for g in groups]
+    labels = [suspend_ranks.backend(g).label for g in groups]
     seen = len(s.CALLS)
     rpg.destroy_process_groups()
     rpg.reload_process_groups()
@@ -200,12 +199,12 @@ def _order(ctx: Rank) -> dict[str, Any]:
         "resumed": report["reload"]["groups"].get("resumed"),
         "suspends": [b for b, op in calls if op == "suspend"],
         "resumes": [b for b, op in calls if op == "resume"],
-        "sums": [_sum(dist, torch, ctx.rank, g) for g in groups],
+        "sums": [suspend_ranks.rank_sum(dist, torch, ctx.rank, g) for g in groups],
     }
 
 
 def test_suspends_and_resumes_run_in_creation_order_world_first() -> None:
-    for rank, out in enumerate(_ranks(_order)):
+    for rank, out in enumerate(suspend_ranks.run_once(_order)):
         assert out["suspends"] == out["labels"], (rank, out)
         assert out["resumes"] == out["labels"], (rank, out)
         # The report lists them alike: suspended at the destroy, resumed at the reload.
@@ -220,8 +219,8 @@ def test_suspends_and_resumes_run_in_creation_order_world_first() -> None:
 def _resident(ctx: Rank) -> dict[str, Any]:
     """Rank 1 releases ``h`` before the destroy: on rank 0 it stays resident, and the
     destroy's report says so, with the reason."""
-    leg = _leg()
-    torch, dist, rpg, _s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, _s = suspend_ranks.start(ctx)
     g = dist.new_group([0, 1], backend=leg, group_desc="kept")
     h = dist.new_group([0, 1], backend=leg, group_desc="released")
     names = {"g": str(g.group_name), "h": str(h.group_name)}
@@ -230,11 +229,11 @@ def _resident(ctx: Rank) -> dict[str, Any]:
     rpg.destroy_process_groups()
     groups = rpg.last_cycle_report().to_dict()["destroy"]["groups"]
     rpg.reload_process_groups()
-    return {"names": names, "groups": groups, "g": _sum(dist, torch, ctx.rank, g)}
+    return {"names": names, "groups": groups, "g": suspend_ranks.rank_sum(dist, torch, ctx.rank, g)}
 
 
 def test_the_destroy_report_lists_a_resident_group_with_its_reason() -> None:
-    out = _ranks(_resident)[0]
+    out = suspend_ranks.run_once(_resident)[0]
     assert out["groups"].get("suspended") == [out["names"]["g"]], out
     assert out["groups"].get("resident") == [f"{out['names']['h']} (resident)"], out
     assert out["g"] == 3.0, out
@@ -245,8 +244,8 @@ def test_the_destroy_report_lists_a_resident_group_with_its_reason() -> None:
 
 
 def _types(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, _s = _start(ctx, world=leg, register=True)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, _s = suspend_ranks.start(ctx, world=leg, register=True)
     groups = {
         "WORLD": dist.group.WORLD,
         "tp": dist.new_group([0, 1], backend=leg, group_desc="tp"),
@@ -263,13 +262,13 @@ def _types(ctx: Rank) -> dict[str, Any]:
     out["asleep"] = kinds()
     rpg.reload_process_groups()
     out["after"] = kinds()
-    out["sums"] = [_sum(dist, torch, ctx.rank, g) for g in groups.values()]
+    out["sums"] = [suspend_ranks.rank_sum(dist, torch, ctx.rank, g) for g in groups.values()]
     return out
 
 
-@needs_b
+@suspend_ranks.needs_b
 def test_on_torch_2_14_every_group_stays_torch_own_object() -> None:
-    for rank, out in enumerate(_ranks(_types)):
+    for rank, out in enumerate(suspend_ranks.run_once(_types)):
         for when in ("awake", "asleep", "after"):
             assert set(out[when].values()) == {"ProcessGroup"}, (rank, when, out[when])
         assert out["sums"] == [3.0, 3.0], (rank, out["sums"])

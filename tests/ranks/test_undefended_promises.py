@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.ranks.test_agreement_disagreeing_ranks import ACCEL, MIXED, _create_accelerator
+from tests.support import accelerator
 from tests.support.ranks import GATE, Rank, run_ranks, total
 
 pytestmark = pytest.mark.timeout(180)
@@ -109,13 +109,13 @@ def _suspend_group_with(ctx: Rank, value: str) -> dict[str, Any]:
     os.environ["NCCL_DISABLE_MEM_MANAGER"] = value
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
     s.register()
-    dist.Backend.register_backend(ACCEL, _create_accelerator, devices=[s.ACCELERATOR])
+    dist.Backend.register_backend(accelerator.ACCEL, accelerator.create, devices=[s.ACCELERATOR])
     rpg.set_reload_mode("suspend")
     rpg.set_memory_probe(s.memory_probe, device_types=("cpu", s.ACCELERATOR))
     rpg.set_memory_guard(0.0)
     ctx.init(timeout=10.0)
     try:
-        group = dist.new_group([0, 1], backend=MIXED)
+        group = dist.new_group([0, 1], backend=accelerator.MIXED)
     except Exception as error:
         return {"error": type(error).__name__, "message": str(error)}
     rpg.destroy_process_groups()

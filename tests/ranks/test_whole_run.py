@@ -17,80 +17,24 @@ from typing import Any
 
 import pytest
 
+from tests.support import run_events
 from tests.support.ranks import GATE, Rank, run_ranks, total
 
 pytestmark = pytest.mark.timeout(300)
-
-TIMEOUT = timedelta(seconds=30)
-
-
-def _reconfigures() -> bool:
-    import torch.distributed as dist
-
-    return hasattr(dist.ProcessGroup, "reconfigure")
-
-
-def _begin(ctx: Rank, registered: bool, timeout: timedelta = TIMEOUT) -> Any:
-    """Join WORLD in a process the gate patched; every group reloadable; maybe WORLD too."""
-    import multiprocessing
-
-    import reloadpg_autopatch as rpg
-
-    # The harness starts ranks as daemons, which multiprocessing forbids to have children; a
-    # training rank is no daemon.
-    multiprocessing.current_process().daemon = False
-    swap = None if rpg.get_reload_mode() == "native" else ("gloo",)
-    return ctx.begin(world=registered, swap=swap, timeout=timeout.total_seconds())
-
-
-# ---- 1. fork ---------------------------------------------------------------------------------
-
-
-def _square(x: int) -> int:
-    return x * x
-
-
-def _forks(label: str) -> dict:
-    """A fork-start DataLoader with workers, a fork pool, and a bare fork that exits at once."""
-    import multiprocessing
-    import os
-
-    import torch
-    from torch.utils.data import DataLoader
-
-    loader = DataLoader(
-        torch.arange(8.0), batch_size=2, num_workers=2, multiprocessing_context="fork", timeout=30
-    )
-    out: dict[str, Any] = {"label": label}
-    try:
-        out["loader"] = sum(float(batch.sum()) for batch in loader)
-    except Exception as error:  # "DataLoader worker ... is killed by signal"
-        out["loader"] = f"{type(error).__name__}: {error}"
-    try:
-        with multiprocessing.get_context("fork").Pool(2) as pool:
-            out["pool"] = pool.map_async(_square, range(6)).get(timeout=30)
-    except Exception as error:
-        out["pool"] = f"{type(error).__name__}: {error}"
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    out["bare"] = status  # 0 for a clean exit; a signal number shows up here
-    return out
 
 
 def _fork_across_cycles(ctx: Rank, registered: bool) -> dict:
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered)
+    dist = run_events.begin(ctx, registered)
     group = dist.new_group([0, 1])
     assert group.group_name  # handed out: the package now holds the group for its name
-    seen = [_forks("before")]
+    seen = [run_events.forks("before")]
     for cycle in range(2):
         rpg.destroy_process_groups()
-        seen.append(_forks(f"destroyed {cycle}"))
+        seen.append(run_events.forks(f"destroyed {cycle}"))
         rpg.reload_process_groups()
-        seen.append(_forks(f"reloaded {cycle}"))
+        seen.append(run_events.forks(f"reloaded {cycle}"))
     return {
         "forks": seen,
         "group": total(group, ctx.rank + 1),
@@ -117,7 +61,7 @@ def test_fork_workers_work_before_between_and_after_cycles(case: str) -> None:
     """DataLoader workers and pool workers fork from a rank (Linux's default start method):
     none may crash, before the first destroy, between destroy and reload, or after reload."""
     env, registered = FORK_CASES[case]
-    if env["SLIME_RELOADABLE_PG_MODE"] == "native" and not _reconfigures():
+    if env["SLIME_RELOADABLE_PG_MODE"] == "native" and not run_events.reconfigures():
         pytest.skip("native mode needs torch 2.14's ProcessGroup.reconfigure")
     reports = run_ranks(
         functools.partial(_fork_across_cycles, registered=registered),
@@ -144,7 +88,7 @@ def _fork_during(ctx: Rank, step: str) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered=True)
+    dist = run_events.begin(ctx, registered=True)
     group = dist.new_group([0, 1])
     if step == "reload":
         rpg.destroy_process_groups()
@@ -209,7 +153,7 @@ def _world_identity(ctx: Rank, mode: str) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered=True)
+    dist = run_events.begin(ctx, registered=True)
     saved = dist.group.WORLD
     pair = dist.new_group([0, 1])
     peer = 1 - ctx.rank
@@ -257,7 +201,7 @@ def _world_identity(ctx: Rank, mode: str) -> dict:
 
 @pytest.mark.parametrize("mode", ["wrapper", "auto", "native"])
 def test_world_is_one_object_for_the_life_of_the_world(mode: str) -> None:
-    if mode == "native" and not _reconfigures():
+    if mode == "native" and not run_events.reconfigures():
         pytest.skip("native mode needs torch 2.14's ProcessGroup.reconfigure")
     reports = run_ranks(
         functools.partial(_world_identity, mode=mode),
@@ -287,7 +231,7 @@ def _compiled_world(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered=True)
+    dist = run_events.begin(ctx, registered=True)
 
     def step(x: torch.Tensor) -> torch.Tensor:
         y = x * 2
@@ -317,55 +261,6 @@ def test_a_compiled_step_with_world_never_recompiles_across_cycles() -> None:
         assert report["compiles_total"] == report["compiles_first"], report
 
 
-# ---- 4. threads as ranks ---------------------------------------------------------------------
-
-
-def _threaded_world(ctx: Rank, policy: str | None) -> dict:
-    """Four ranks as threads of this process, as torch's MultiThreadedTestCase runs them."""
-    import threading
-
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed import multi_threaded_pg
-
-    import reloadpg_autopatch as rpg
-
-    if policy is not None:
-        rpg.set_wrap_policy(policy)
-    # As torch's MultiThreadedTestCase sets them up: names per thread, a world per thread.
-    torch._C._distributed_c10d._set_thread_isolation_mode(True)
-    multi_threaded_pg._install_threaded_pg()
-    store = dist.HashStore()
-    results: dict[int, Any] = {}
-
-    def rank(r: int) -> None:
-        try:
-            dist.init_process_group("threaded", rank=r, world_size=4, store=store)
-            whole = dist.new_group([0, 1, 2, 3])
-            pair = dist.new_group([0, 1])
-            t = torch.tensor([r + 1.0])
-            dist.all_reduce(t, group=whole)
-            out = [t.item()]
-            if r in (0, 1):
-                u = torch.tensor([r + 1.0])
-                dist.all_reduce(u, group=pair)
-                out.append(u.item())
-            dist.destroy_process_group()
-            results[r] = out
-        except Exception as error:
-            results[r] = f"{type(error).__name__}: {error}"
-
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    hung = [r for r, thread in enumerate(threads) if thread.is_alive()]
-    if not hung:
-        multi_threaded_pg._uninstall_threaded_pg()
-    return {"results": results, "hung": hung}
-
-
 @pytest.mark.parametrize(
     ("gate", "policy"),
     [("off", None), ("on", None), ("on", "all")],
@@ -373,7 +268,9 @@ def _threaded_world(ctx: Rank, policy: str | None) -> dict:
 )
 def test_threads_as_ranks_behave_as_with_the_gate_off(gate: str, policy: str | None) -> None:
     env = GATE if gate == "on" else {"SLIME_RELOADABLE_PG": None}
-    (report,) = run_ranks(functools.partial(_threaded_world, policy=policy), 1, timeout=90, env=env)
+    (report,) = run_ranks(
+        functools.partial(run_events.threaded_world, policy=policy), 1, timeout=90, env=env
+    )
     assert report["hung"] == [], report
     assert report["results"] == {0: [10.0, 3.0], 1: [10.0, 3.0], 2: [10.0], 3: [10.0]}, report
 
@@ -388,7 +285,7 @@ def _names_while_destroyed(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered=True)
+    dist = run_events.begin(ctx, registered=True)
     pair = dist.new_group([0, 1])
     name = pair.group_name  # handed out, as DeviceMesh and functional collectives keep it
     made_while_destroyed = []
@@ -427,34 +324,12 @@ WORLD_S = 3
 KILL_STEPS = ("destroy", "temporary", "agreement", "world", "creation")
 
 
-def _arm(step: str) -> None:
-    """Make this rank die at ``step`` of the next reload (or right before it)."""
-    import os
-
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    if step == "world":
-        dist.init_process_group = lambda *a, **k: os._exit(0)  # restoring WORLD
-    elif step == "creation":
-        helper = c10d._new_process_group_helper
-        calls = []
-
-        def dying(*args: Any, **kwargs: Any) -> Any:
-            calls.append(1)
-            if len(calls) == 2:  # during its second group creation
-                os._exit(0)
-            return helper(*args, **kwargs)
-
-        c10d._new_process_group_helper = dying
-
-
 def _killed(ctx: Rank, victim: int, step: str) -> dict:
     import time
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered=True, timeout=timedelta(seconds=WORLD_S))
+    dist = run_events.begin(ctx, registered=True, timeout=timedelta(seconds=WORLD_S))
     # Every free waits for its members, as NCCL 2.31's destroy does (a CPU model).
     from tests.support import destroy_barrier
 
@@ -467,7 +342,7 @@ def _killed(ctx: Rank, victim: int, step: str) -> dict:
     if doomed and step == "destroy":
         os._exit(0)
     if doomed and step == "temporary":
-        _arm("world")  # dies creating the temporary WORLD of the destroy
+        run_events.die_at("world")  # dies creating the temporary WORLD of the destroy
     started = time.monotonic()
     try:
         if step in ("destroy", "temporary"):
@@ -479,7 +354,7 @@ def _killed(ctx: Rank, victim: int, step: str) -> dict:
             if doomed and step == "agreement":
                 os._exit(0)
             if doomed:
-                _arm(step)
+                run_events.die_at(step)
             started = time.monotonic()
             rpg.reload_process_groups()
         outcome = "no error"
@@ -557,7 +432,7 @@ def _copies(ctx: Rank) -> dict:
     import reloadpg_autopatch as rpg
 
     registered = os.environ.get("TEST_WORLD") != "unregistered"
-    dist = _begin(ctx, registered=registered)
+    dist = run_events.begin(ctx, registered=registered)
     out = {}
     if registered:  # copied as a handle from its registration on, before any other group
         out["world"] = _copied(dist.group.WORLD)
@@ -590,18 +465,18 @@ def test_copying_a_group_gives_the_group_in_every_mode(mode: str, world: str) ->
     class is taught that where the program first holds torch's objects, at WORLD's registration
     or, WORLD unregistered (torch's own), at the first group's creation; behind wrappers alone
     it stays as torch made it."""
-    if mode == "native" and not _reconfigures():
+    if mode == "native" and not run_events.reconfigures():
         pytest.skip("native mode needs torch 2.14's ProcessGroup.reconfigure")
     env = {**GATE, "SLIME_RELOADABLE_PG_MODE": mode, "TEST_WORLD": world}
     for report in run_ranks(_copies, 2, env=env):
         assert report["pair"] == [True, True, True], report
         assert report["world"] == [True, True, True], report
         assert report["sum"] == 2.0
-        assert report["taught"] is (mode != "wrapper" and _reconfigures()), report
+        assert report["taught"] is (mode != "wrapper" and run_events.reconfigures()), report
 
 
 def _detail_refusal(ctx: Rank) -> dict:
-    dist = _begin(ctx, registered=False)
+    dist = run_events.begin(ctx, registered=False)
     try:
         dist.new_group([0, 1])
         return {"outcome": "no error"}
@@ -612,7 +487,7 @@ def _detail_refusal(ctx: Rank) -> dict:
 def test_native_mode_under_detail_debugging_says_why_it_cannot() -> None:
     """TORCH_DISTRIBUTED_DEBUG=DETAIL wraps gloo in torch's _ProcessGroupWrapper, which cannot
     reconfigure: native mode must name the variable as the reason, not a backend riddle."""
-    if not _reconfigures():
+    if not run_events.reconfigures():
         pytest.skip("native mode needs torch 2.14's ProcessGroup.reconfigure")
     env = {**GATE, "SLIME_RELOADABLE_PG_MODE": "native", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
     for report in run_ranks(_detail_refusal, 2, env=env):
@@ -630,7 +505,7 @@ def _collective_during_destroy(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered=False)
+    dist = run_events.begin(ctx, registered=False)
     pair = dist.new_group([0, 1])
     box: dict[str, Any] = {}
     if ctx.rank == 0:
@@ -669,7 +544,7 @@ def _explicit_world_destroy(ctx: Rank) -> dict:
 
     import reloadpg_autopatch as rpg
 
-    dist = _begin(ctx, registered=True)
+    dist = run_events.begin(ctx, registered=True)
     pair = dist.new_group([0, 1])
     rpg.destroy_process_groups()
     rpg.reload_process_groups()
@@ -680,7 +555,7 @@ def _explicit_world_destroy(ctx: Rank) -> dict:
         out["old group"] = "no error"
     except RuntimeError as error:
         out["old group"] = str(error)
-    ctx.reinit("after-explicit-destroy/", TIMEOUT)
+    ctx.reinit("after-explicit-destroy/", run_events.TIMEOUT)
     out["new world"] = total(dist.new_group([0, 1]), 1)
     return out
 
