@@ -176,7 +176,7 @@ def _disagree(
     group ``tp`` over both ranks, then one cycle and (``use``: where every rank has it) a
     collective on ``tp``. The settings change after the world's first creation (the settings
     that differ from the start are refused there on every rank,
-    ``tests/ranks/test_agreed_settings.py``): it is the destroy's agreement that finds these."""
+    ``tests/ranks/test_agreement_settings.py``): it is the destroy's agreement that finds these."""
     from tests.support.ranks import total
 
     dist, rpg, s = _start(ctx, "wrapper")

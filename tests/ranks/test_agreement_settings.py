@@ -5,11 +5,12 @@ differs on one rank; every rank must raise the same error naming each setting th
 its ranks, at the world's first registration or group creation, within WORLD's timeout, before
 any rank creates a group its peers do not.
 
-NCCL cannot run on CPU: as in ``tests/ranks/test_disagreeing_ranks.py``, the suspendable stand-in
-(``reloadpg_autopatch/tools/cpu_nccl``) is registered for an accelerator device only, so that
-``NCCL_CUMEM_ENABLE=0`` makes suspend refuse it as it refuses NCCL. The slime-shaped actor is
-``tests/support/frameworks`` (written for the project). Each rank's own environment is set in the
-rank before the package reads it, as a node's would be.
+NCCL cannot run on CPU: as in ``tests/ranks/test_agreement_disagreeing_ranks.py``, the
+suspendable stand-in (``reloadpg_autopatch/tools/cpu_nccl``) is registered for an accelerator
+device only (``tests/support/accelerator.py``), so that ``NCCL_CUMEM_ENABLE=0`` makes suspend
+refuse it as it refuses NCCL. The slime-shaped actor is ``tests/support/frameworks`` (written
+for the project). Each rank's own environment is set in the rank before the package reads it,
+as a node's would be.
 
 The oracles are outside the package: the exception each rank raises and when (the clock: a rank
 that hangs fails the run's deadline), the exit status of a rank started with the gate off, and

@@ -2,14 +2,16 @@
 
 A training program may arm its own hang detector with ``faulthandler.dump_traceback_later``
 (one timer per process), handle signals and set ``sys.excepthook``; none of it may change under
-it, however many cycles run, in any mode (issue 33, item 4). And the watchdog ends the process
-only when a ``suspend()`` or ``resume()`` outlives its timeout: never after a call that
-returned, nor one timeout after a call that raised (the promise no test defended).
+it, however many cycles run, in any mode (issue 33, item 4). The watchdog ends the process only
+when a ``suspend()`` or ``resume()`` outlives its timeout: never after a call that returned, nor
+one timeout after a call that raised; then every rank ends by SIGABRT, naming the group, the
+call and the cycle, and a call stuck holding the GIL is ended by the backstop. One watchdog
+thread per process, and none while nothing sleeps.
 
 The oracles are outside the package: faulthandler's own output in a file the program gave it,
 ``signal.getsignal`` and the hooks' identities before and after, the clock, and the exit status
-of each rank (a rank the watchdog ended fails its run). Suspend runs on the stand-in of
-``reloadpg_autopatch/tools/cpu_nccl`` (no GPU here).
+and stderr of each rank (ranks run as plain subprocesses where the watchdog must end them).
+Suspend runs on the stand-in of ``reloadpg_autopatch/tools/cpu_nccl`` (no GPU here).
 """
 
 from __future__ import annotations
@@ -303,7 +305,7 @@ def test_one_watchdog_thread_per_process_and_none_while_nothing_sleeps() -> None
         assert out["awake"] == [0] * CYCLES, (rank, out["awake"])
 
 
-# ---- 6. the watchdog (ranks as plain subprocesses) ----------------------------------------------
+# ---- a suspend or resume that never returns (ranks as plain subprocesses) ------------------------
 
 
 def _watchdog_run(
