@@ -308,8 +308,9 @@ def test_a_sleeping_world_names_itself_in_the_refusal(leg: str) -> None:
 def test_new_group_while_world_sleeps_is_refused_and_a_gloo_group_is_not(leg: str) -> None:
     """``new_group`` on WORLD's backend while a suspended WORLD sleeps raises
     ``GroupSuspendedError`` naming WORLD (its communicator would be split from WORLD's: torch
-    2.15's nccl2 does so at creation, where no pre-hook sees it; ``tests/ranks/test_nccl2.py``
-    shows the split); a gloo group is made and works at once; WORLD stays refused."""
+    2.15's nccl2 does so at creation, where no pre-hook sees it;
+    ``tests/ranks/test_suspend_nccl2.py`` shows the split); a gloo group is made and works at
+    once; WORLD stays refused."""
     for rank, out in enumerate(suspend_ranks.run_once(_dispatch, SUSPEND_TEST_LEG=leg)):
         kind, text = out["new_group"]
         assert suspend_ranks.is_suspended_error(kind, text, "WORLD", "new_group()"), (
