@@ -173,7 +173,7 @@ def _child_cycle(_: int) -> dict[str, Any]:
 def _fork_asleep(ctx: Rank, mode: str, port: int) -> dict[str, Any]:
     import multiprocessing
 
-    from tests.ranks.test_whole_run import _forks  # a DataLoader, a pool and a bare fork
+    from tests.support import run_events  # forks: a DataLoader, a pool and a bare fork
 
     ctx = _own(ctx, port)
     dist, rpg, groups = _start(ctx, mode)
@@ -183,7 +183,7 @@ def _fork_asleep(ctx: Rank, mode: str, port: int) -> dict[str, Any]:
     client = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
     dist.barrier()  # both ranks are done destroying: the keys stand still
     keys_before = client.num_keys()
-    out: dict[str, Any] = {"forks": _forks("asleep")}
+    out: dict[str, Any] = {"forks": run_events.forks("asleep")}
     with multiprocessing.get_context("fork").Pool(2) as pool:
         out["workers"] = pool.map_async(_child_work, range(4)).get(timeout=60)
         try:
@@ -209,9 +209,9 @@ def _die_inside_reload(mode: str) -> None:
     """Arm this rank to die inside its next reload: creating its second group (wrapper), or in
     its first backend resume (suspend, auto)."""
     if mode == "wrapper":
-        from tests.ranks.test_whole_run import _arm
+        from tests.support import run_events
 
-        _arm("creation")
+        run_events.die_at("creation")
         return
     from reloadpg_autopatch.tools import cpu_nccl as s
 
@@ -519,7 +519,7 @@ def compiled_part(modes: tuple[str, ...], cycles: int = COMPILED_CYCLES) -> dict
 
 
 def threads_part() -> dict[str, Any]:
-    from tests.ranks.test_whole_run import _threaded_world
+    from tests.support import run_events
 
     out = {}
     for label, env, policy in (
@@ -527,7 +527,7 @@ def threads_part() -> dict[str, Any]:
         ("gate on, auto policy", GATE, None),
         ("gate on, all policy", GATE, "all"),
     ):
-        fn = functools.partial(_threaded_world, policy=policy)
+        fn = functools.partial(run_events.threaded_world, policy=policy)
         (out[label],) = run_ranks(fn, 1, timeout=90, env=env)
     return out
 

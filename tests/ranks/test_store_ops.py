@@ -186,7 +186,8 @@ def test_every_ranks_store_operations_per_cycle_are_flat_from_2_to_8_ranks(setup
     (rank 0 included: no rank pays for the world); no rank lists the store; a last arriver
     adds at most 5 per round it arrived at (it reads the entries, publishes the result and
     deletes 2 or 3 keys), and one more in an exchange of handles, whose last reader (maybe the
-    same rank) deletes the result and the count of reads. 3 to 6 s a setup here: 2 and 8 forked ranks, 3 cycles each."""
+    same rank) deletes the result and the count of reads. 3 to 6 s a setup here: 2 and 8
+    forked ranks, 3 cycles each."""
     env = {
         **GATE,
         "SLIME_RELOADABLE_PG_MODE": MODES.get(setup, setup),

@@ -5,7 +5,7 @@ whose backend is a torchcomms communicator would still be finalized with WORLD (
 every one in ``_world.comms``). torchcomms is not installed here, so torch's ``_BackendWrapper``
 is stood in for by a class of the test's, and the group by an object that answers what
 ``device_backends`` asks (``_device_types``, ``_get_backend``): the one fake in this file.
-The rank tests (``tests/ranks/test_concert.py``) show the rest on real groups.
+The rank tests (``tests/ranks/test_adoption_concert.py``) show the rest on real groups.
 """
 
 from __future__ import annotations

@@ -22,28 +22,15 @@ from typing import Any
 import pytest
 
 from reloadpg_autopatch.tools import cpu_nccl as suspendable
+from tests.support import accelerator
 from tests.support.ranks import GATE, Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 
 #: torch 2.14 (pre-hooks: the program holds torch's own group in suspend and auto modes).
 ON_214 = suspendable.python_backend_available()
-#: The stand-in registered for an accelerator device type only, as NCCL is for cuda.
-ACCEL = "suspendable_acc"
 #: How long rank 1 waits before it reads a round's verdict.
 DELAY_S = 1.0
-
-
-class _AcceleratorStandIn(suspendable.SuspendableGloo):
-    """The stand-in as an accelerator-only backend, named by its registered name as NCCL's
-    backend answers ``nccl`` (a gloo subclass would answer ``gloo``, a CPU backend's name)."""
-
-    def name(self) -> str:
-        return ACCEL
-
-
-def _create_accelerator(store: Any, rank: int, size: int, timeout: Any) -> Any:
-    return suspendable.track(_AcceleratorStandIn(store, rank, size, timeout))
 
 
 def _start(ctx: Rank, mode: str, *, timeout: float = 30.0) -> tuple[Any, Any, Any]:
@@ -58,7 +45,7 @@ def _start(ctx: Rank, mode: str, *, timeout: float = 30.0) -> tuple[Any, Any, An
     warnings.simplefilter("ignore", FutureWarning)
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
     s.register()
-    dist.Backend.register_backend(ACCEL, _create_accelerator, devices=[s.ACCELERATOR])
+    dist.Backend.register_backend(accelerator.ACCEL, accelerator.create, devices=[s.ACCELERATOR])
     rpg.set_reload_mode(mode)
     rpg.set_memory_probe(s.memory_probe, device_types=("cpu", s.ACCELERATOR))
     rpg.set_memory_guard(0.0)
@@ -176,10 +163,6 @@ def test_a_peer_that_finds_the_store_gone_says_its_host_left_and_blames_no_rank(
     assert missing == [], missing
 
 
-# ---- item 1: ranks whose settings make them choose different ways ---------------------------
-
-#: A mixed group: its CPU collectives run on gloo, its accelerator leg is the stand-in.
-MIXED = f"cpu:gloo,{suspendable.ACCELERATOR}:{ACCEL}"
 #: What a rank that disagrees must learn within (the watchdog's timeout below is far longer).
 PROMPT_S = 5.0
 #: The watchdog's timeout in these ranks: a rank alone in a suspend barrier ends this late.
@@ -193,7 +176,7 @@ def _disagree(
     group ``tp`` over both ranks, then one cycle and (``use``: where every rank has it) a
     collective on ``tp``. The settings change after the world's first creation (the settings
     that differ from the start are refused there on every rank,
-    ``tests/ranks/test_agreed_settings.py``): it is the destroy's agreement that finds these."""
+    ``tests/ranks/test_agreement_settings.py``): it is the destroy's agreement that finds these."""
     from tests.support.ranks import total
 
     dist, rpg, s = _start(ctx, "wrapper")
@@ -203,7 +186,7 @@ def _disagree(
     rpg.set_reload_mode(modes[ctx.rank])
     out: dict[str, Any] = {}
     try:
-        tp = dist.new_group([0, 1], backend=MIXED, group_desc="tp")
+        tp = dist.new_group([0, 1], backend=accelerator.MIXED, group_desc="tp")
         out["create"] = ("ok", "")
         out["name"] = str(tp.group_name)
     except Exception as error:

@@ -24,16 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.ranks.test_adoption import (
-    ACCEL_WORLD,
-    STEP_RESULTS,
-    _accelerator_world,
-    _args,
-    _doctor,
-    _misroute,
-    _outcome,
-    _steps,
-)
+from tests.support import actors
 from tests.support.ranks import GATE, Rank, RankFailure, run_ranks, total
 
 pytestmark = pytest.mark.timeout(240)
@@ -161,7 +152,7 @@ def _left_alone(ctx: Rank) -> dict[str, Any]:
     for cycle in range(CYCLES):
         pkg.destroy_process_groups()
         asleep = total(weights, ctx.rank + 1)
-        out["refused"].add(_outcome(lambda: total(everyone, 1.0))[0])
+        out["refused"].add(actors.outcome(lambda: total(everyone, 1.0))[0])
         if cycle == 0:
             out["report"] = pkg.last_cycle_report().to_dict()
         pkg.reload_process_groups()
@@ -304,7 +295,7 @@ def _refused(ctx: Rank) -> dict[str, Any]:
         pkg.register_default_process_group(timedelta(seconds=30), accelerator_backends=("gloo",))
         everyone = dist.new_group(list(range(ctx.world_size)))
         world = dist.group.WORLD
-        outcome = _outcome(pkg.destroy_process_groups)
+        outcome = actors.outcome(pkg.destroy_process_groups)
     finally:
         del c10d._World.pg_future_state
         logging.getLogger("reloadpg_autopatch").removeHandler(handler)
@@ -371,7 +362,7 @@ def _on_musa(ctx: Rank) -> dict[str, Any]:
     import reloadpg_autopatch as pkg
 
     actor = actor_module.MegatronTrainRayActor()
-    args = _args(ctx, "nccl")  # slime's default; its accelerator makes it mccl on MUSA
+    args = actors.args(ctx, "nccl")  # slime's default; its accelerator makes it mccl on MUSA
     actor.init(args)  # ends asleep
     actor.wake_up()
     # Megatron asks for "nccl" by name for some of its groups (expert and hybrid ones).
@@ -391,7 +382,7 @@ def _on_musa(ctx: Rank) -> dict[str, Any]:
         "adopted": actor_module.destroy_process_groups is pkg.destroy_process_groups,
     }
     if ctx.rank == 0:
-        out["doctor"] = _doctor()
+        out["doctor"] = actors.doctor_on_adoption()
     return out
 
 
@@ -443,8 +434,12 @@ def _registration(ctx: Rank) -> dict[str, Any]:
     ctx.init(timeout=30)
     out: dict[str, Any] = {}
     # World 1: slime's Gloo group was never made (get_gloo_group() raises).
-    out["no_gloo_group"] = _outcome(lambda: rpg.register_default_process_group(timeout, **asked))
-    out["again_public"] = _outcome(lambda: pkg.register_default_process_group(timeout, **asked))
+    out["no_gloo_group"] = actors.outcome(
+        lambda: rpg.register_default_process_group(timeout, **asked)
+    )
+    out["again_public"] = actors.outcome(
+        lambda: pkg.register_default_process_group(timeout, **asked)
+    )
     pkg.destroy_process_groups()
     out["temporary_config"] = str(dist.get_backend_config())
     pkg.reload_process_groups()
@@ -515,7 +510,7 @@ def _reexecuted(ctx: Rank) -> dict[str, Any]:
     import reloadpg_autopatch as pkg
 
     adopted = os.environ.get(ADOPT) != "0"
-    backend = _accelerator_world() if adopted else "gloo"  # WORLD swapped when adopted
+    backend = actors.accelerator_world() if adopted else "gloo"  # WORLD swapped when adopted
     importlib.reload(rpg)
     importlib.reload(rpg)
     from slime.backends.megatron_utils import actor as actor_module
@@ -523,10 +518,10 @@ def _reexecuted(ctx: Rank) -> dict[str, Any]:
     names = ("destroy_process_groups", "reload_process_groups")
     out: dict[str, Any] = {"module_names_ours": [getattr(rpg, n) is getattr(pkg, n) for n in names]}
     actor = actor_module.MegatronTrainRayActor()
-    actor.init(_args(ctx, backend))
-    out["steps"] = _steps(actor)
+    actor.init(actors.args(ctx, backend))
+    out["steps"] = actors.steps(actor)
     out["their_calls"] = list(rpg.calls)
-    out["misroute"] = _misroute(ctx, actor.pair)
+    out["misroute"] = actors.misroute(ctx, actor.pair)
     return out
 
 
@@ -540,7 +535,7 @@ def test_a_reexecuted_framework_module_is_adopted_again_and_its_destroyed_group_
     the destroyed group of ranks [0, 1] raises there and never runs on WORLD (whose sum after
     is every rank's)."""
     for rank, out in enumerate(_run(_reexecuted, 3, **{ADOPT: adopt})):
-        assert out["steps"] == [STEP_RESULTS[rank]] * 2, rank
+        assert out["steps"] == [actors.STEP_RESULTS[rank]] * 2, rank
         if adopt == "1":
             assert out["module_names_ours"] == [True, True]
             assert out["their_calls"] == []
@@ -570,7 +565,7 @@ def _their_wrapper(ctx: Rank) -> dict[str, Any]:
     )
     rpg.ReloadableProcessGroup.destroy_process_groups()  # its class's own destroy
     t = torch.tensor([1.0])
-    refused = _outcome(lambda: dist.all_reduce(t, group=theirs))
+    refused = actors.outcome(lambda: dist.all_reduce(t, group=theirs))
     rpg.reload_process_groups()  # the framework's name: reloadpg_autopatch's after adoption
     return {
         "adopted": rpg.reload_process_groups is pkg.reload_process_groups,
@@ -602,7 +597,7 @@ def _vime(ctx: Rank) -> dict[str, Any]:
     from tests.support import frameworks
 
     frameworks.on_path()
-    _accelerator_world()
+    actors.accelerator_world()
     import torch.distributed as dist
     from vime.backends.megatron_utils import actor as actor_module
     from vime.utils import distributed_utils
@@ -611,7 +606,7 @@ def _vime(ctx: Rank) -> dict[str, Any]:
     import reloadpg_autopatch as pkg
 
     actor = actor_module.MegatronTrainRayActor()
-    actor.init(_args(ctx, ACCEL_WORLD))
+    actor.init(actors.args(ctx, actors.ACCEL_WORLD))
     gloo = distributed_utils.get_gloo_group()
     world = dist.group.WORLD
     steps = [actor.train(step) for step in range(2)]
@@ -626,7 +621,7 @@ def _vime(ctx: Rank) -> dict[str, Any]:
         "gloo_same": distributed_utils.get_gloo_group() is gloo,
         "world_same": dist.group.WORLD is world,
         "cycle": pkg.last_cycle_report().cycle,
-        "misroute": _misroute(ctx, actor.pair),
+        "misroute": actors.misroute(ctx, actor.pair),
     }
 
 
@@ -637,7 +632,7 @@ def test_vimes_older_module_is_adopted() -> None:
     sums are right, WORLD and vime's Gloo group stay one object each across the swaps, and a
     collective on the destroyed pair is refused rather than run on WORLD."""
     for rank, out in enumerate(_run(_vime, 3)):
-        assert out["steps"] == [STEP_RESULTS[rank][0]] * 2, rank
+        assert out["steps"] == [actors.STEP_RESULTS[rank][0]] * 2, rank
         assert out["their_calls"] == []
         assert out["their_groups"] == 0
         assert out["names_ours"] == [True, True]

@@ -1,5 +1,11 @@
-"""A round whose peer died names it; a frozen peer, and a retry after an interrupt, blame no
-rank that is there (issue 38, items 5 and 6).
+"""A peer that died, froze or was interrupted: named when it is missing, never blamed when it
+is there (issue 38, items 5 and 6; issue 15).
+
+A round whose peer died names it; a rank later than WORLD's timeout is refused like the others;
+a frozen peer, and a retry after an interrupt, blame no rank that is there; a rank that dies in
+any step of a reload (or the store's host) fails the others within WORLD's timeout, naming the
+step, the cycle and the missing rank. Every free waits for its members there, as NCCL 2.31's
+destroy does (``tests/support/destroy_barrier.py``).
 
 Every rank is a real gloo rank activated by the gate, on the launcher's TCPStore (or rank 0's,
 where the host's exit is the subject). The faults are real process events: a rank ends itself
@@ -19,10 +25,12 @@ import functools
 import os
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from tests.support import run_events
 from tests.support.ranks import GATE, Rank, run_ranks, total
 
 pytestmark = pytest.mark.timeout(180)
@@ -271,3 +279,91 @@ def test_the_retry_after_an_interrupt_in_a_reload_meets_the_ranks_it_left() -> N
         assert attempts[0]["missing"] == [1], (rank, attempts)
         assert attempts[1]["error"] is None, (rank, attempts)
     assert [r["sums"] for r in reports] == [[6.0], [6.0, 5.0], [6.0, 5.0]], reports
+
+
+# ---- a rank that dies or never comes ------------------------------------------------------
+
+#: WORLD's timeout in the kill tests: what a survivor waits out, so the shortest that still lets
+#: the good cycle before the kill finish on a loaded machine.
+KILL_WORLD_S = 3
+KILL_STEPS = ("destroy", "temporary", "agreement", "world", "creation")
+
+
+def _killed(ctx: Rank, victim: int, step: str) -> dict:
+    import time
+
+    import reloadpg_autopatch as rpg
+
+    dist = run_events.begin(ctx, registered=True, timeout=timedelta(seconds=KILL_WORLD_S))
+    # Every free waits for its members, as NCCL 2.31's destroy does (a CPU model).
+    from tests.support import destroy_barrier
+
+    destroy_barrier.install(dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False))
+    groups = [dist.new_group([0, 1, 2]), dist.new_group([0, 1]), dist.new_group([1, 2])]
+    rpg.destroy_process_groups()
+    rpg.reload_process_groups()  # one good cycle first
+    dist.barrier()  # every rank is done with it
+    doomed = ctx.rank == victim
+    if doomed and step == "destroy":
+        os._exit(0)
+    if doomed and step == "temporary":
+        run_events.die_at("world")  # dies creating the temporary WORLD of the destroy
+    started = time.monotonic()
+    try:
+        if step in ("destroy", "temporary"):
+            rpg.destroy_process_groups()
+            # The temporary WORLD connects lazily: its loss may show at the next step.
+            rpg.reload_process_groups()
+        else:
+            rpg.destroy_process_groups()
+            if doomed and step == "agreement":
+                os._exit(0)
+            if doomed:
+                run_events.die_at(step)
+            started = time.monotonic()
+            rpg.reload_process_groups()
+        outcome = "no error"
+    except RuntimeError as error:
+        outcome = str(error)
+    del groups
+    return {"outcome": outcome, "seconds": time.monotonic() - started}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("step", KILL_STEPS)
+@pytest.mark.parametrize("victim", [0, 1, 2], ids=["store-host", "rank1", "rank2"])
+def test_a_rank_that_dies_in_a_step_fails_the_others_within_worlds_timeout(
+    victim: int, step: str
+) -> None:
+    """Every survivor raises within WORLD's timeout plus a few seconds (never a group's own
+    30-minute default), naming the step, the cycle and the missing rank (or the lost store).
+    Every free waits for its members there, as NCCL 2.31's destroy does
+    (``tests/support/destroy_barrier.py``)."""
+    reports = run_ranks(
+        functools.partial(_killed, victim=victim, step=step),
+        3,
+        timeout=120,
+        env=GATE,
+        store_in_rank0=True,
+        may_die=frozenset({victim}),
+    )
+    phrases = {
+        "destroy": ("destroy",),
+        "temporary": ("temporary", "agreement"),
+        "agreement": ("agreement",),
+        "world": ("WORLD",),
+        "creation": ("creating group",),
+    }
+    for rank, report in enumerate(reports):
+        if rank == victim:
+            continue
+        message = report["outcome"]
+        assert report["seconds"] < KILL_WORLD_S + 10, (rank, report)
+        assert "cycle" in message, (rank, message)
+        if victim == 0:
+            # A survivor learns of the lost store at its next store call, which may belong to
+            # the step before the one the host died in.
+            assert "store is unreachable" in message, (rank, message)
+        else:
+            assert any(phrase in message for phrase in phrases[step]), (rank, message)
+            assert f"ranks {victim}" in message, (rank, message)

@@ -2,28 +2,33 @@
 
 A training program may arm its own hang detector with ``faulthandler.dump_traceback_later``
 (one timer per process), handle signals and set ``sys.excepthook``; none of it may change under
-it, however many cycles run, in any mode (issue 33, item 4). And the watchdog ends the process
-only when a ``suspend()`` or ``resume()`` outlives its timeout: never after a call that
-returned, nor one timeout after a call that raised (the promise no test defended).
+it, however many cycles run, in any mode (issue 33, item 4). The watchdog ends the process only
+when a ``suspend()`` or ``resume()`` outlives its timeout: never after a call that returned, nor
+one timeout after a call that raised; then every rank ends by SIGABRT, naming the group, the
+call and the cycle, and a call stuck holding the GIL is ended by the backstop. One watchdog
+thread per process, and none while nothing sleeps.
 
 The oracles are outside the package: faulthandler's own output in a file the program gave it,
 ``signal.getsignal`` and the hooks' identities before and after, the clock, and the exit status
-of each rank (a rank the watchdog ended fails its run). Suspend runs on the stand-in of
-``reloadpg_autopatch/tools/cpu_nccl`` (no GPU here).
+and stderr of each rank (ranks run as plain subprocesses where the watchdog must end them).
+Suspend runs on the stand-in of ``reloadpg_autopatch/tools/cpu_nccl`` (no GPU here).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reloadpg_autopatch.tools import cpu_nccl as suspendable
-from tests.support.ranks import GATE, Rank, run_ranks
+from tests.support import PROGRAMS, ROOT
+from tests.support.ranks import GATE, HOST, Rank, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -219,7 +224,6 @@ def test_a_stuck_call_holding_the_gil_is_ended_by_the_backstop() -> None:
     the barrier without the GIL, is ended by the watchdog at the timeout. About 10 s: two
     fresh interpreters, a 2 s timeout and the backstop's real 5 s margin after it."""
     from reloadpg_autopatch.groups.watchdog import BACKSTOP_S as MARGIN
-    from tests.ranks.test_suspend import _watchdog_run
 
     limit = 2.0
     env = {"SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": str(limit), "WATCHDOG_WORLD_TIMEOUT": "60"}
@@ -299,3 +303,98 @@ def test_one_watchdog_thread_per_process_and_none_while_nothing_sleeps() -> None
         assert len(out["started"]) <= CYCLES, (rank, out["started"])
         assert max(out["asleep"]) <= 1, (rank, out["asleep"])
         assert out["awake"] == [0] * CYCLES, (rank, out["awake"])
+
+
+# ---- a suspend or resume that never returns (ranks as plain subprocesses) ------------------------
+
+
+def _watchdog_run(
+    warm: int, hang: str, env: dict[str, str], deadline: float = 90.0
+) -> list[dict[str, Any]]:
+    """Start two ranks of ``programs/suspend_watchdog.py`` on a TCPStore of this process; wait
+    for both to end (killing them at ``deadline``); return each one's status, stderr, and the
+    seconds from its last MARK to its end. Subprocesses, not ``run_ranks``: the watchdog ends
+    the process with SIGABRT and its stacks on stderr, which is what the test reads."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False)
+    full = {**os.environ, **GATE, **env}
+    # ``tests`` must import; a package copy named earlier on the path still wins.
+    paths = [p for p in full.get("PYTHONPATH", "").split(os.pathsep) if p]
+    full["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
+    procs, logs = [], []
+    program = str(PROGRAMS / "suspend_watchdog.py")
+    for rank in range(2):
+        log = open(  # noqa: SIM115 - closed below, after the process ends
+            Path(os.environ.get("TMPDIR", "/tmp")) / f"suspend-watchdog-{os.getpid()}-{rank}.log",
+            "w+",
+        )
+        args = [sys.executable, program, HOST, str(server.port), str(rank), "2", str(warm), hang]
+        procs.append(subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=log))
+        logs.append(log)
+    ended: dict[int, float] = {}
+    stop = time.monotonic() + deadline
+    while len(ended) < 2 and time.monotonic() < stop:
+        for rank, proc in enumerate(procs):
+            if rank not in ended and proc.poll() is not None:
+                ended[rank] = time.time()
+        time.sleep(0.05)
+    results = []
+    for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
+        if proc.poll() is None:
+            proc.kill()
+        stdout = proc.communicate(timeout=10)[0].decode(errors="replace")
+        log.seek(0)
+        stderr = log.read()
+        log.close()
+        os.unlink(log.name)
+        marks = [line.split() for line in stderr.splitlines() if line.startswith("MARK ")]
+        last = float(marks[-1][2]) if marks else None
+        results.append(
+            {
+                "returncode": proc.returncode,
+                "stdout": stdout,
+                "stderr": stderr,
+                "step": marks[-1][1] if marks else None,
+                "seconds": (ended[rank] - last) if rank in ended and last else None,
+            }
+        )
+    del server
+    return results
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("phase", "warm", "hang", "env", "limit"),
+    [
+        pytest.param(
+            "suspend", 0, "-", {"SUSPENDABLE_HANG": "suspend@1"}, 3.0, id="suspend-env-timeout"
+        ),
+        pytest.param("resume", 1, "resume@1", {}, 3.0, id="resume-cycle2-env-timeout"),
+        pytest.param("suspend", 0, "suspend@0", {}, None, id="suspend-world-timeout"),
+    ],
+)
+def test_a_suspend_or_resume_that_never_returns_aborts_every_rank(
+    phase: str, warm: int, hang: str, env: dict[str, str], limit: float | None
+) -> None:
+    """One rank's ``suspend()`` or ``resume()`` never arrives (its peer waits in the barrier):
+    both ranks end by SIGABRT no sooner than the suspend timeout
+    (``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT``, else WORLD's) and within a few seconds of it,
+    and each one's stderr names the group, the call and the cycle, with the stacks."""
+    world_timeout = 4.0
+    env = {**env, "WATCHDOG_WORLD_TIMEOUT": str(world_timeout if limit is None else 60)}
+    if limit is not None:
+        env["SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT"] = str(limit)
+    seconds = world_timeout if limit is None else limit
+    cycle = warm + 1
+    step = "destroy" if phase == "suspend" else "reload"
+    for rank, run in enumerate(_watchdog_run(warm, hang, env)):
+        err = run["stderr"]
+        assert run["returncode"] == -signal.SIGABRT, (rank, run["returncode"], err[-3000:])
+        assert "RETURNED" not in run["stdout"]
+        assert run["step"] == step, (rank, run["step"])
+        assert seconds - 0.5 <= run["seconds"] <= seconds + 6.0, (rank, run["seconds"])
+        assert "tp-watched" in err, err[-3000:]
+        assert f"{phase}()" in err, err[-3000:]
+        assert f"cycle {cycle}, {step}" in err, err[-3000:]
+        assert "most recent call first" in err, err[-3000:]  # faulthandler's stacks

@@ -5,11 +5,12 @@ differs on one rank; every rank must raise the same error naming each setting th
 its ranks, at the world's first registration or group creation, within WORLD's timeout, before
 any rank creates a group its peers do not.
 
-NCCL cannot run on CPU: as in ``tests/ranks/test_disagreeing_ranks.py``, the suspendable stand-in
-(``reloadpg_autopatch/tools/cpu_nccl``) is registered for an accelerator device only, so that
-``NCCL_CUMEM_ENABLE=0`` makes suspend refuse it as it refuses NCCL. The slime-shaped actor is
-``tests/support/frameworks`` (written for the project). Each rank's own environment is set in the
-rank before the package reads it, as a node's would be.
+NCCL cannot run on CPU: as in ``tests/ranks/test_agreement_disagreeing_ranks.py``, the
+suspendable stand-in (``reloadpg_autopatch/tools/cpu_nccl``) is registered for an accelerator
+device only (``tests/support/accelerator.py``), so that ``NCCL_CUMEM_ENABLE=0`` makes suspend
+refuse it as it refuses NCCL. The slime-shaped actor is ``tests/support/frameworks`` (written
+for the project). Each rank's own environment is set in the rank before the package reads it,
+as a node's would be.
 
 The oracles are outside the package: the exception each rank raises and when (the clock: a rank
 that hangs fails the run's deadline), the exit status of a rank started with the gate off, and
@@ -28,8 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.ranks.test_disagreeing_ranks import ACCEL, MIXED, _create_accelerator
-from tests.support import PROGRAMS, ROOT
+from tests.support import PROGRAMS, ROOT, accelerator
 from tests.support.ranks import GATE, Rank, run_ranks, total
 from tests.support.venv import clean_env
 
@@ -56,7 +56,7 @@ def _begin(ctx: Rank, mode: str, env: dict[str, str], world: str = "gloo") -> tu
     os.environ.update(env)
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
     s.register()
-    dist.Backend.register_backend(ACCEL, _create_accelerator, devices=[s.ACCELERATOR])
+    dist.Backend.register_backend(accelerator.ACCEL, accelerator.create, devices=[s.ACCELERATOR])
     os.environ["SLIME_RELOADABLE_PG_MODE"] = mode
     rpg.set_memory_probe(s.memory_probe, device_types=("cpu", s.ACCELERATOR))
     rpg.set_memory_guard(0.0)
@@ -85,11 +85,11 @@ def _registered_then_megatron(ctx: Rank, odd: int) -> dict[str, Any]:
     """slime's order: WORLD (on the stand-in, so it sleeps by suspend) registered, then
     Megatron's groups. Rank ``odd`` has ``NCCL_CUMEM_ENABLE=0``."""
     env = {"NCCL_CUMEM_ENABLE": "0"} if ctx.rank == odd else {}
-    dist, rpg = _begin(ctx, "suspend", env, world=MIXED)
+    dist, rpg = _begin(ctx, "suspend", env, world=accelerator.MIXED)
     out = _outcome(rpg.register_default_process_group)
     if out["error"] is None:  # Megatron's groups: a rank that refused never gets here
         out["megatron"] = _outcome(
-            lambda: [dist.new_group([r], backend=MIXED) for r in range(ctx.world_size)]
+            lambda: [dist.new_group([r], backend=accelerator.MIXED) for r in range(ctx.world_size)]
         )
     return out
 
@@ -114,8 +114,8 @@ def _first_creation(ctx: Rank, modes: list[str], env: dict[int, dict[str, str]])
     """No registration: the ranks' first ``new_group`` (a stand-in group over every rank),
     each rank in ``modes[rank]`` with ``env[rank]``; then a collective on WORLD."""
     dist, _rpg = _begin(ctx, modes[ctx.rank], env.get(ctx.rank, {}))
-    out = _outcome(lambda: dist.new_group(list(range(ctx.world_size)), backend=MIXED))
-    out["again"] = _outcome(lambda: dist.new_group([0, 1], backend=MIXED))
+    out = _outcome(lambda: dist.new_group(list(range(ctx.world_size)), backend=accelerator.MIXED))
+    out["again"] = _outcome(lambda: dist.new_group([0, 1], backend=accelerator.MIXED))
     out["world"] = total(None, ctx.rank + 1)  # WORLD itself is untouched: every rank is here
     return out
 
@@ -183,16 +183,15 @@ def _slime_with_adoption_off_on(ctx: Rank, off: int) -> dict[str, Any]:
     """The slime-shaped actor on every rank, ``SLIME_RELOADABLE_PG_ADOPT=0`` on rank ``off``
     only, WORLD on an accelerator-like backend (swapped on destroy: the adopting ranks'
     registration would remake slime's Gloo group, one creation more than rank ``off`` makes)."""
-    from tests.ranks.test_adoption import _accelerator_world, _args
-    from tests.support import frameworks
+    from tests.support import actors, frameworks
 
     if ctx.rank == off:
         os.environ["SLIME_RELOADABLE_PG_ADOPT"] = "0"
     frameworks.on_path()
-    backend = _accelerator_world()
+    backend = actors.accelerator_world()
     from slime.backends.megatron_utils import actor as actor_module
 
-    args = _args(ctx, backend)
+    args = actors.args(ctx, backend)
     args.distributed_timeout_minutes = WORLD_S / 60
     actor = actor_module.MegatronTrainRayActor()
     return _outcome(lambda: actor.init(args))
