@@ -2,7 +2,7 @@
 
 Each repetition times one destroy and one reload after a barrier and reports the destroy's wall
 time, its ``sync`` phase (the agreement and this rank's deletes of what its rebuilds wrote), the
-store listings the cycle made (``leftovers``), and the reload's time.
+store listings the cycle made (``store.sweep``), and the reload's time.
 """
 
 from __future__ import annotations
@@ -23,20 +23,20 @@ def main() -> int:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from reloadpg_autopatch.groups import leftovers
+    from reloadpg_autopatch.groups.store import sweep
 
     rpg.monkey_patch_torch_dist()
     rpg.set_wrap_policy("all")  # gloo groups too: they stand for NCCL's here
     launch.init_rank(args, timeout=300)
     held = [dist.new_group() for _ in range(args.groups)]
     listings = []
-    listed = leftovers._list
+    listed = sweep._list
 
     def counted(store: object) -> object:
         listings.append(1)
         return listed(store)
 
-    leftovers._list = counted
+    sweep._list = counted
     rpg.destroy_process_groups()  # warm-up, untimed: the world's one-off sweep is here
     rpg.reload_process_groups()
     for rep in range(args.reps):

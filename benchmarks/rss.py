@@ -84,7 +84,7 @@ def _run(ctx: Rank) -> dict[str, Any]:
             groups[:] = [dist.new_group(ranks[:2]), dist.new_group(ranks)]
 
     else:
-        from tests.support import suspendable
+        from reloadpg_autopatch.tools import cpu_nccl as suspendable
 
         _dist, rpg, _groups = _start(ctx, variant)
 

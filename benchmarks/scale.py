@@ -2,12 +2,12 @@
 
 Every training step pays one destroy and one reload on every rank, all through one TCPStore.
 Ranks are simulated as threads, each with its own TCPStore client (as a real rank has), against
-one real server, driving the package's own rendezvous code (``groups.rendezvous``): the destroy
+one real server, driving the package's own store rounds (``groups.store.rounds``): the destroy
 agreement and the reload agreement, each rank publishing the names of the ~20 groups it holds in a
 Megatron layout. A counting wrapper around each client gives the store operations and bytes.
 Each simulated reload also writes the keys gloo's rendezvous would (one per group a rank holds,
 past the counter: torch's cost), and each rank deletes its own at the next destroy, as the
-package does (``leftovers.delete``): rank 0's destroy is reported beside the median rank's. The
+package does (``sweep.delete``): rank 0's destroy is reported beside the median rank's. The
 deletes run past the clock, which times the rounds. For
 contrast, the all-to-all exchange it replaced (every rank reads every entry) runs at the small
 sizes. Then real spawned gloo ranks time the temporary WORLD's swap, eager against lazy.
@@ -42,7 +42,7 @@ BASELINE_SIZES = (64, 256)
 SWAP_SIZES = (2, 4, 8, 16)
 TIME_TARGET_S = 2.0
 #: What the last arriver of a round adds: it reads the entries, publishes the result and deletes
-#: the round's two keys and the previous round's result (``rendezvous._round``).
+#: the round's two keys and the previous round's result (``rounds._round``).
 LAST_ARRIVER_OPS = 5
 SLOPE_TARGET = 1.1
 
@@ -55,7 +55,7 @@ class Counted:
         self.ops = 0
         self.sent = 0
         self.received = 0
-        #: Deletes of the keys this rank's creations wrote (``leftovers.delete``).
+        #: Deletes of the keys this rank's creations wrote (``sweep.delete``).
         self.own_deletes = 0
 
     def set(self, key: str, value: bytes | str) -> None:
@@ -149,10 +149,10 @@ def _answers(rank: int, world_size: int) -> str:
 
 def _all_to_all(store: Any, key: str, rank: int, world_size: int, payload: str) -> list[bytes]:
     """The exchange the rendezvous replaced: publish, barrier, read every rank's entry."""
-    from reloadpg_autopatch.groups import rendezvous
+    from reloadpg_autopatch.groups.store import rounds
 
     store.set(f"{key}/{rank}", payload)
-    rendezvous.sync(store, f"{key}/sync", rank, world_size, timeout=600, step="baseline")
+    rounds.sync(store, f"{key}/sync", rank, world_size, timeout=600, step="baseline")
     return store.multi_get([f"{key}/{r}" for r in range(world_size)])
 
 
@@ -179,7 +179,8 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
     port, world_size, ranks, reps, variant = job
     import torch.distributed as dist
 
-    from reloadpg_autopatch.groups import agreement, leftovers, rendezvous
+    from reloadpg_autopatch.groups import agreement
+    from reloadpg_autopatch.groups.store import rounds, sweep
 
     timeout = datetime.timedelta(seconds=600)
 
@@ -216,7 +217,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                 reload = f"reloadpg_autopatch/{rep + 1}/1/agreement"
                 if variant == "rendezvous":
                     before = (store.ops, store.sent + store.received)
-                    rendezvous.agree(
+                    rounds.agree(
                         store,
                         destroy,
                         rank,
@@ -229,7 +230,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                         token=True,
                     )
                     agreed = (store.ops - before[0], store.sent + store.received - before[1])
-                    _token, answer = rendezvous.agree(
+                    _token, answer = rounds.agree(
                         store,
                         reload,
                         rank,
@@ -238,12 +239,12 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                         merge=agreement.merge_name_sets,
                         timeout=600,
                         step="reload: agreement",
-                        previous=rendezvous.done_key(destroy),
+                        previous=rounds.done_key(destroy),
                         token=True,
                     )
-                    previous = rendezvous.done_key(reload)
+                    previous = rounds.done_key(reload)
                 else:
-                    rendezvous.sync(store, destroy, rank, world_size, timeout=600, step="destroy")
+                    rounds.sync(store, destroy, rank, world_size, timeout=600, step="destroy")
                     answer = b"".join(_all_to_all(store, reload, rank, world_size, payload))
                 ends[rep][index] = time.perf_counter()
                 answers[rep].add(hashlib.sha256(answer).hexdigest())
@@ -254,7 +255,7 @@ def _shard(job: tuple[int, int, range, int, str], start: Any, results: Any) -> N
                     # would time the simulation; a rank's own are 20 round trips).
                     deleted = (store.ops, store.sent + store.received)
                     for key in wrote:
-                        leftovers.delete(store, key)
+                        sweep.delete(store, key)
                     store.own_deletes += len(wrote)
                     destroys[index] = (
                         agreed[0] + store.ops - deleted[0],
@@ -309,7 +310,7 @@ def threads_point(world_size: int, reps: int, variant: str) -> dict[str, Any]:
     shards = [range(at, min(at + size, world_size)) for at in range(0, world_size, size)]
     # Forked from one server that imported torch once: a child starts in milliseconds.
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed", "reloadpg_autopatch.groups.rendezvous"])
+    ctx.set_forkserver_preload(["torch.distributed", "reloadpg_autopatch.groups.store.rounds"])
     start, results = ctx.Barrier(len(shards)), ctx.Queue()
     procs = [
         ctx.Process(

@@ -25,7 +25,7 @@ def measure(rounds: int) -> dict[str, Any]:
     import reloadpg_autopatch as rpg
     from reloadpg_autopatch import _originals
     from reloadpg_autopatch.patching.wrapgen import MARKER
-    from tests.support import suspendable
+    from reloadpg_autopatch.tools import cpu_nccl as suspendable
 
     suspendable.register()
     rpg.monkey_patch_torch_dist()

@@ -2,11 +2,11 @@
 
 Every rank is activated by ``SLIME_RELOADABLE_PG=1`` in its environment alone (the mode by
 ``SLIME_RELOADABLE_PG_MODE``), as users run it; ranks are forked from a warm parent
-(``tests/support/ranks.py``). ``wrapper`` registers WORLD and swaps it for a temporary gloo
-WORLD, as an NCCL WORLD is on a GPU; ``suspend`` and ``auto`` put their groups on the suite's
-suspendable stand-in (``tests/support/suspendable.py``: gloo that models NCCL's suspend), WORLD
-on gloo. The oracles are outside the package: a TCPStore this process owns (``num_keys()``),
-torch's results against a gate-off control, exit statuses, the clock, ``/proc/self``.
+(``tests/support/ranks.py``). ``wrapper`` registers WORLD and swaps it for a temporary gloo WORLD,
+as an NCCL WORLD is on a GPU; ``suspend`` and ``auto`` put their groups on the package's CPU model
+of NCCL's suspend (``reloadpg_autopatch/tools/cpu_nccl``: gloo that models it), WORLD on gloo. The
+oracles are outside the package: a TCPStore this process owns (``num_keys()``), torch's results
+against a gate-off control, exit statuses, the clock, ``/proc/self``.
 
 Parts: 1 fork-start workers while the groups sleep; 2 a rank killed in a reload (the
 survivors' error and its delay); 3 a fresh process taking the dead rank's place; 4 a compiled
@@ -84,7 +84,7 @@ def _start(
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     warnings.simplefilter("ignore", FutureWarning)
     multiprocessing.current_process().daemon = False  # a training rank may have children
@@ -156,7 +156,7 @@ def _child_work(x: int) -> dict[str, Any]:
 def _child_cycle(_: int) -> dict[str, Any]:
     """A fork worker that calls destroy and reload: it holds none of its parent's groups."""
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     calls = len(s.CALLS)  # the stand-in's log, inherited: grows if the child drives a backend
     started = time.monotonic()
@@ -173,7 +173,7 @@ def _child_cycle(_: int) -> dict[str, Any]:
 def _fork_asleep(ctx: Rank, mode: str, port: int) -> dict[str, Any]:
     import multiprocessing
 
-    from tests.ranks.test_whole_run import _forks  # a DataLoader, a pool and a bare fork
+    from tests.support import run_events  # forks: a DataLoader, a pool and a bare fork
 
     ctx = _own(ctx, port)
     dist, rpg, groups = _start(ctx, mode)
@@ -183,7 +183,7 @@ def _fork_asleep(ctx: Rank, mode: str, port: int) -> dict[str, Any]:
     client = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
     dist.barrier()  # both ranks are done destroying: the keys stand still
     keys_before = client.num_keys()
-    out: dict[str, Any] = {"forks": _forks("asleep")}
+    out: dict[str, Any] = {"forks": run_events.forks("asleep")}
     with multiprocessing.get_context("fork").Pool(2) as pool:
         out["workers"] = pool.map_async(_child_work, range(4)).get(timeout=60)
         try:
@@ -209,11 +209,11 @@ def _die_inside_reload(mode: str) -> None:
     """Arm this rank to die inside its next reload: creating its second group (wrapper), or in
     its first backend resume (suspend, auto)."""
     if mode == "wrapper":
-        from tests.ranks.test_whole_run import _arm
+        from tests.support import run_events
 
-        _arm("creation")
+        run_events.die_at("creation")
         return
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     s.SuspendableGloo.resume = lambda self, *a, **k: os._exit(0)
 
@@ -519,7 +519,7 @@ def compiled_part(modes: tuple[str, ...], cycles: int = COMPILED_CYCLES) -> dict
 
 
 def threads_part() -> dict[str, Any]:
-    from tests.ranks.test_whole_run import _threaded_world
+    from tests.support import run_events
 
     out = {}
     for label, env, policy in (
@@ -527,7 +527,7 @@ def threads_part() -> dict[str, Any]:
         ("gate on, auto policy", GATE, None),
         ("gate on, all policy", GATE, "all"),
     ):
-        fn = functools.partial(_threaded_world, policy=policy)
+        fn = functools.partial(run_events.threaded_world, policy=policy)
         (out[label],) = run_ranks(fn, 1, timeout=90, env=env)
     return out
 

@@ -8,7 +8,7 @@ process of an image, pip and Ray's own workers included.
 __version__ = "0.3.0"
 
 _EXPORTS = {
-    "monkey_patch_torch_dist": "patching.apply",
+    "monkey_patch_torch_dist": "adoption.landing",
     "is_patched": "patching.patchset",
     "patched_names": "patching.patchset",
     "rebind": "patching.sweep",

@@ -6,12 +6,12 @@ Exit codes: 0 healthy / success, 1 problems found / the demo failed, 2 usage err
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ._env import MODES
 from .tools.demo import MAX_WORLD_SIZE
 from .tools.demo_framework import FRAMEWORKS
+from .tools.doctor import cli as doctor_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,16 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser(
         "doctor", help="report what is and is not patched in this interpreter"
     )
-    doctor.add_argument(
-        "--import",
-        dest="imports",
-        metavar="MOD",
-        nargs="+",
-        action="extend",
-        default=[],
-        help="import these modules first (as the training process would), then check them",
-    )
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor_cli.add_arguments(doctor)
 
     demo = commands.add_parser(
         "demo", help="destroy and reload Megatron's groups on N CPU ranks (the main job)"
@@ -163,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "doctor":
-        from .tools.doctor import diagnose, render
-
-        report = diagnose(args.imports)
-        print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
-        return 1 if report.problems else 0
+        return doctor_cli.run(args.imports, json=args.json)
     if args.command == "demo":
         return _demo(parser, args)
     parser.print_usage(sys.stderr)

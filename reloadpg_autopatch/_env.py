@@ -7,7 +7,7 @@ imports nothing: the ``.pth`` line's start-up path loads it in every process of 
 
 TYPE_CHECKING = False  # typing is not loaded at start-up; type checkers read this name
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 #: The gate: the patch is applied at start-up only when it holds one of ``ON_VALUES``.
 GATE = "SLIME_RELOADABLE_PG"
@@ -78,11 +78,8 @@ EXCERPT_CHARS = 60
 
 
 def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
-    """``repr`` of a value a user set, cut to ``limit`` characters with its length after it.
-
-    Reports echo the value so that the user sees what was read, but a 128 KB variable must
-    not turn one stderr line into 128 KB.
-    """
+    """``repr`` of a value a user set, cut to ``limit`` characters with its length after it
+    (a report echoes what was read; a 128 KB variable must not make a 128 KB line)."""
     if not isinstance(value, str) or len(value) <= limit:
         return repr(value)
     return f"{value[:limit]!r}... ({len(value)} characters)"
@@ -95,13 +92,31 @@ DEFAULT_MIN_FREE_GB = 3.0
 LARGEST_MIN_FREE_GB = float(2**20)
 
 
-def parse_min_free_gb(raw: str) -> float:
-    """``SLIME_RELOADABLE_PG_MIN_FREE_GB``'s value as GiB; ``ValueError`` names what is accepted."""
+def _number(raw: str, low: float, high: float, *, above: bool = False) -> float | None:
+    """``raw`` as a number from ``low`` (excluded with ``above``) to ``high``, else None (not a
+    number, NaN, infinite, out of range)."""
     try:
         value = float(raw.strip())
     except ValueError:
-        value = -1.0
-    if not 0 <= value <= LARGEST_MIN_FREE_GB:  # negative, NaN, infinite (1e999 too), too large
+        return None
+    return value if (low < value if above else low <= value) and value <= high else None
+
+
+def _problem(raw: "str | None", parse: "Callable[[str], float]", then: str) -> "str | None":
+    """The one line for a bad value of a number's variable (unset or empty is fine)."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        parse(raw)
+    except ValueError as error:
+        return f"{error}; {then}"
+    return None
+
+
+def parse_min_free_gb(raw: str) -> float:
+    """``SLIME_RELOADABLE_PG_MIN_FREE_GB``'s value as GiB; ``ValueError`` names what is accepted."""
+    value = _number(raw, 0.0, LARGEST_MIN_FREE_GB)
+    if value is None:
         raise ValueError(
             f"{MIN_FREE_ENV}={excerpt(raw)} is not a number of GiB; accepted: 0 (the memory "
             f"guard off) or a positive number up to {LARGEST_MIN_FREE_GB:.0f}, such as 3 or 1.5"
@@ -111,13 +126,7 @@ def parse_min_free_gb(raw: str) -> float:
 
 def min_free_problem(raw: "str | None") -> "str | None":
     """The one line for a bad ``SLIME_RELOADABLE_PG_MIN_FREE_GB`` (unset or empty is fine)."""
-    if raw is None or not raw.strip():
-        return None
-    try:
-        parse_min_free_gb(raw)
-    except ValueError as error:
-        return f"{error}; using the default, {DEFAULT_MIN_FREE_GB:g} GiB"
-    return None
+    return _problem(raw, parse_min_free_gb, f"using the default, {DEFAULT_MIN_FREE_GB:g} GiB")
 
 
 def every_call_problem(raw: "str | None") -> "str | None":
@@ -134,12 +143,8 @@ def every_call_problem(raw: "str | None") -> "str | None":
 def parse_seconds(raw: str, variable: str, longest: float | None = None) -> float:
     """A positive number of seconds from ``variable``, at most ``longest`` (what the reader can
     time); ``ValueError`` names what is accepted."""
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = -1.0
-    limit = float("inf") if longest is None else longest
-    if not (0 < value <= limit and value != float("inf")):  # also NaN
+    value = _number(raw, 0.0, 1e300 if longest is None else longest, above=True)
+    if value is None:
         most = "" if longest is None else f" up to {longest:g}"
         raise ValueError(
             f"{variable}={excerpt(raw)} is not a number of seconds the watchdog can time; "
@@ -166,11 +171,8 @@ DEFAULT_SUSPEND_MIN_FREED = 0.5
 def parse_suspend_min_freed(raw: str) -> float:
     """``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED``'s value, a share from 0 to 1; ``ValueError``
     names what is accepted."""
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:  # also NaN and the infinities
+    value = _number(raw, 0.0, 1.0)
+    if value is None:
         raise ValueError(
             f"{SUSPEND_MIN_FREED_ENV}={excerpt(raw)} is not a share of a communicator's memory; "
             "accepted: a number from 0 (always suspend) to 1, such as 0.5 (the default)"
@@ -180,23 +182,25 @@ def parse_suspend_min_freed(raw: str) -> float:
 
 def suspend_timeout_problem(raw: "str | None") -> "str | None":
     """The one line for a bad ``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT`` (unset or empty is fine)."""
-    if raw is None or not raw.strip():
-        return None
-    try:
-        parse_suspend_timeout(raw)
-    except ValueError as error:
-        return f"{error}; using WORLD's timeout instead"
-    return None
+    return _problem(raw, parse_suspend_timeout, "using WORLD's timeout instead")
 
 
-def mode_problem(raw: str | None) -> str | None:
-    """What is wrong with a ``SLIME_RELOADABLE_PG_MODE`` value, if anything (unset is fine)."""
+#: The entry point group through which an installed distribution registers a mode: each entry
+#: point is named for its mode, and importing its target registers the mode's way
+#: (``ways.register(way, mode=name)``).
+MODES_GROUP = "reloadpg_autopatch.modes"
+
+
+def mode_problem(raw: str | None, plugins: "Iterable[str]" = ()) -> str | None:
+    """What is wrong with a ``SLIME_RELOADABLE_PG_MODE`` value, if anything (unset is fine);
+    ``plugins``: the modes installed distributions register (``MODES_GROUP``)."""
     value = (raw or "").strip()
-    if not value or value.lower() in MODES:
+    there = [*MODES, *plugins]
+    if not value or value.lower() in MODES or value in plugins:
         return None
     return (
-        f"{MODE_ENV}={excerpt(value)} is not a mode; use one of {', '.join(MODES)} (wrapper is "
-        "used)"
+        f"{MODE_ENV}={excerpt(value)} is not a mode; use one of {', '.join(there)}, or one a "
+        f"plugin registers (entry point group {MODES_GROUP}); wrapper is used"
     )
 
 
@@ -220,12 +224,9 @@ _REPORTED: set[tuple[str, str]] = set()
 
 
 def first_report(variable: str, raw: str) -> bool:
-    """Whether this is the first time this process meets this bad value of ``variable``.
-
-    Every reader of a variable reports a bad value through this, so that a process that cycles
-    thousands of times says it once, whichever layer read it first (the start-up layer, the
-    lifecycle, the watchdog); a forked child inherits what its parent said.
-    """
+    """Whether this process meets this bad value of ``variable`` for the first time: every
+    reader reports through this, so a process says it once, whichever layer read it first; a
+    forked child inherits what its parent said."""
     key = (variable, raw)
     if key in _REPORTED:
         return False
@@ -234,11 +235,8 @@ def first_report(variable: str, raw: str) -> bool:
 
 
 def parse_prefixes(prefixes: "str | Iterable[str] | None") -> tuple[str, ...]:
-    """Normalise a prefix spec: None (the default), ``"*"``, ``"a,b"`` or an iterable of names.
-
-    The one parser of ``SLIME_RELOADABLE_PG_REBIND`` for the start-up watcher and the sweep,
-    so both agree on what a value means.
-    """
+    """Normalise a prefix spec: None (the default), ``"*"``, ``"a,b"`` or an iterable of names
+    (the one parser of ``SLIME_RELOADABLE_PG_REBIND``, for the start-up watcher and the sweep)."""
     if prefixes is None:
         return DEFAULT_PREFIXES
     items = prefixes.split(",") if isinstance(prefixes, str) else list(prefixes)
@@ -279,11 +277,8 @@ def parse_adopt(raw: "str | None") -> bool:
 
 
 def parse_adopt_modules(raw: "str | None") -> tuple[tuple[str, ...], list[str]]:
-    """``SLIME_RELOADABLE_PG_ADOPT_MODULES``: ``(modules to adopt, problems)``.
-
-    The modules are ``ADOPT_MODULES`` and the valid names the value adds; each name that is not
-    a dotted module name is a problem, left out, while the others still count.
-    """
+    """``SLIME_RELOADABLE_PG_ADOPT_MODULES``: ``(modules to adopt, problems)``: the modules are
+    ``ADOPT_MODULES`` and the value's dotted names; each other name is a problem, left out."""
     modules = list(ADOPT_MODULES)
     problems = []
     for item in (raw or "").split(","):

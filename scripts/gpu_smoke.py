@@ -31,9 +31,9 @@ data on its first run there:
 - The steps live in the package ``gpu_smoke/`` beside this file, one module per step (its
   plan and its rank programs), with the runner (``cli``, ``runner``, ``sessions``, ``record``);
   each rank runs ``gpu_smoke_ranks.py``, which starts the program its run names.
-- ``--rehearse`` runs the same steps on CPU, with gloo and the suspendable stand-in of
-  ``tests/support/suspendable.py`` in NCCL's place, under the same deadlines and into the same JSON
-  schema: CI runs it so that this script cannot rot between GPU draws.
+- ``--rehearse`` runs the same steps on CPU, with gloo and the package's CPU model of NCCL's
+  suspend (``reloadpg_autopatch.tools.cpu_nccl``) in NCCL's place, under the same deadlines and
+  into the same JSON schema: CI runs it so that this script cannot rot between GPU draws.
 
 Exit status: 0 every check held, 1 a check failed (``failures`` says which), 2 no CUDA device
 (without ``--rehearse``; the JSON is still written), 130 interrupted.

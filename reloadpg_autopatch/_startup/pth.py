@@ -3,8 +3,9 @@
 site.py executes a ``.pth`` line only if it starts with ``import`` and runs the whole line at
 once, so a ``try`` statement cannot be written on it. The line therefore reads the gate itself
 (importing nothing of ours while it is off) and otherwise executes, in a fresh namespace, the
-source of ``guarded_activation`` below followed by a call of it (not a second time: a venv
-processes the file twice). ``render_pth()`` builds that
+body of ``guarded_activation`` below, its comments left out (not a second time: a venv
+processes the file twice, and the line stops before compiling it; every start compiles the
+line, so it is kept short: about 0.1 ms a compile). ``render_pth()`` builds that
 line from this file, so the guard is linted like any other code; ``tests/unit/test_pth.py`` checks
 that the files at the repository root are exactly what this module renders, and
 ``python -m reloadpg_autopatch._startup.pth [DIR]`` rewrites them.
@@ -21,7 +22,7 @@ from .._env import GATE, OFF_VALUES
 
 PTH_NAME = "reloadpg_autopatch.pth"
 START_NAME = "reloadpg_autopatch.start"
-ENTRY_POINT = "reloadpg_autopatch._startup.bootstrap:activate_from_site"
+ENTRY_POINT = "reloadpg_autopatch._startup:activate_from_site"
 #: Set on ``sys`` once the line has run: a venv processes the file twice (cpython#75723), and
 #: the second time the line stops before compiling the guard (about 0.1 ms).
 RAN = "_reloadpg_autopatch_pth_ran"
@@ -30,12 +31,10 @@ RAN = "_reloadpg_autopatch_pth_ran"
 def guarded_activation() -> None:
     import sys
 
-    # A venv may process this file twice (cpython#75723): act, and complain, only once.
-    if getattr(sys, "_reloadpg_autopatch_pth_ran", False):
-        return
+    # A venv may process this file twice (cpython#75723): the line acts, and complains, once.
     sys._reloadpg_autopatch_pth_ran = True
     try:
-        from reloadpg_autopatch._startup.bootstrap import activate_from_site
+        from reloadpg_autopatch._startup import activate_from_site
 
         activate_from_site()
     except BaseException as error:
@@ -43,8 +42,10 @@ def guarded_activation() -> None:
 
 
 def _guard_source() -> str:
-    source = textwrap.dedent(inspect.getsource(guarded_activation))
-    return source.replace(" -> None:", ":", 1) + "guarded_activation()\n"
+    """The body of ``guarded_activation`` at module level, without its comments."""
+    lines = inspect.getsource(guarded_activation).splitlines()[1:]
+    kept = [line for line in lines if line.strip() and not line.strip().startswith("#")]
+    return textwrap.dedent("\n".join(kept)) + "\n"
 
 
 def render_pth() -> str:

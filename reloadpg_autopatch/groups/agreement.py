@@ -1,7 +1,7 @@
 """What the ranks tell each other at a destroy and at a reload: typed answers, merged by field.
 
 Each step has one agreement: every rank publishes its answers, the last rank to arrive merges
-them, and every rank reads the one merged result (``participants.agree``: O(1) store operations
+them, and every rank reads the one merged result (``channel.agree``: O(1) store operations
 per rank, whatever the size of the world). The answers are dataclasses whose fields declare how
 they merge across ranks:
 
@@ -13,10 +13,13 @@ they merge across ranks:
 - ``WAYS``: each rank's ``{group: [way, size, common ways it can take]}`` for the groups it is a
   member of; merged, only the groups whose members' answers differ (happy path: nothing);
 - ``BY_RANK``: each rank's ``{setting: value}``; merged, ``{setting: {value: ranks}}`` for the
-  settings whose values differ between ranks (happy path: nothing).
+  settings whose values differ between ranks (happy path: nothing);
+- ``SECTIONS``: a way's own answers, a section of their own (``Section``, registered with
+  ``section``): merged field by field as the rest, present only where some rank wrote one.
 
-A way adds to its records' answers (``ways.base.Way.answer_destroy`` and ``answer_reload``);
-nothing else writes them, and ``exchange`` is the one round trip both steps use.
+A way adds to its records' answers (``ways.base.Way.answer_destroy`` and ``answer_reload``),
+in the shared fields or in its section; nothing else writes them, and ``exchange`` is the one
+round trip both steps use.
 """
 
 from __future__ import annotations
@@ -26,8 +29,15 @@ import json
 from dataclasses import field
 from typing import Any, ClassVar, TypeVar
 
-from . import participants
-from .decisions import Reports, Verdict, sleep_verdict
+from .packing import (  # noqa: F401 - the wire form, also read from here
+    expand_name_sets,
+    merge_name_sets,
+    pack_names,
+    pack_ranks,
+    ranks_of,
+    unpack_names,
+)
+from .store import channel
 
 #: How a field merges; kept in the field's metadata.
 MERGE = "merge"
@@ -40,6 +50,8 @@ FLAG = {MERGE: ANY}
 WAYS = {MERGE: "ways"}
 #: The metadata of each rank's settings: merged, only those whose values differ.
 BY_RANK = {MERGE: "by rank"}
+#: The metadata of the ways' own sections: each merged by its own fields.
+SECTIONS = {MERGE: "sections"}
 #: The common ways a group whose members' ways differ can take: freed behind its wrapper and
 #: created again, or kept awake and resident on every member for the cycle.
 FREE, KEEP = "f", "k"
@@ -62,15 +74,30 @@ class Answers:
     def payload(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
 
+    def section(self, kind: type[S]) -> S:
+        """This answers' section of ``kind`` (a way's own answers), made on first use."""
+        sections = self.sections  # type: ignore[attr-defined]
+        found = sections.get(kind.NAME)
+        if found is None:
+            found = sections[kind.NAME] = kind()
+        elif not isinstance(found, kind):  # read from the wire: a dict until asked for
+            found = sections[kind.NAME] = kind(**found)
+        return found
+
     @classmethod
     def merge(cls, entries: list[bytes]) -> bytes:
         """The merged answers of every rank (run by the last to arrive only)."""
+        return cls.merge_ranks(list(enumerate(json.loads(entry) for entry in entries)))
+
+    @classmethod
+    def merge_ranks(cls, entries: list[tuple[int, dict[str, Any]]]) -> bytes:
+        """``merge`` of ``(rank, answers)`` pairs: the ranks that answered, by number."""
         kinds = cls.kinds()
         sets: dict[str, set[str]] = {n: set() for n, k in kinds.items() if k == UNION}
         flags = {n: False for n, k in kinds.items() if k == ANY}
         per_rank: dict[str, list[Any]] = {n: [] for n, k in kinds.items() if k in MERGERS}
-        for rank, entry in enumerate(entries):
-            for name, value in json.loads(entry).items():
+        for rank, entry in entries:
+            for name, value in entry.items():
                 if kinds[name] == ANY:
                     flags[name] = flags[name] or bool(value)
                 elif kinds[name] == UNION:
@@ -83,47 +110,76 @@ class Answers:
 
     @classmethod
     def read(cls: type[A], merged: bytes) -> A:
+        return cls.from_merged(json.loads(merged))
+
+    @classmethod
+    def from_merged(cls: type[A], merged: dict[str, Any]) -> A:
         kinds = cls.kinds()
         values = {
             name: value if kinds[name] in (ANY, *MERGERS) else unpack_names(value)
-            for name, value in json.loads(merged).items()
+            for name, value in merged.items()
         }
+        if "sections" in values and kinds.get("sections") == SECTIONS[MERGE]:
+            values["sections"] = read_sections(values["sections"])
         return cls(**values)
+
+
+S = TypeVar("S", bound="Section")
+
+
+@dataclasses.dataclass
+class Section(Answers):
+    """A way's own answers at a step, carried in the step's ``sections``: what only that way
+    asks of the ranks stays in its room (``section`` registers a kind)."""
+
+    #: The section's name on the wire.
+    NAME: ClassVar[str] = ""
+
+
+#: Every kind of section, by name: the last arriver merges each with its own fields.
+_SECTIONS: dict[str, type[Section]] = {}
+
+
+def section(kind: type[S]) -> type[S]:
+    """Register a kind of section (a class decorator); its ``NAME`` must be new."""
+    known = _SECTIONS.get(kind.NAME)
+    if known is not None and known is not kind:
+        raise ValueError(f"a section named {kind.NAME!r} exists already ({known.__qualname__})")
+    _SECTIONS[kind.NAME] = kind
+    return kind
+
+
+def merge_sections(reports: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Each section's answers merged by its own fields, over the ranks that wrote one."""
+    by_name: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for rank, sections in reports:
+        for name, answers in sections.items():
+            by_name.setdefault(name, []).append((rank, answers))
+    return {
+        name: json.loads(_SECTIONS[name].merge_ranks(entries)) for name, entries in by_name.items()
+    }
+
+
+def read_sections(merged: dict[str, Any]) -> dict[str, Any]:
+    """The merged sections, each read by its own kind."""
+    return {name: _SECTIONS[name].from_merged(value) for name, value in merged.items()}
 
 
 def exchange(answers: A) -> A:
     """Publish this rank's answers; return every rank's, merged, the same on every rank.
 
-    It also gives every rank the step's fresh token (``participants.agree``).
+    It also gives every rank the step's fresh token (``channel.agree``).
     """
     cls = type(answers)
-    return cls.read(participants.agree(cls.STEP, "agreement", answers.payload(), cls.merge))
+    return cls.read(channel.agree(cls.STEP, "agreement", answers.payload(), cls.merge))
 
 
 @dataclasses.dataclass
 class DestroyAnswers(Answers):
-    """What a rank says at a destroy about the groups that sleep by suspend (local calls)."""
+    """What a rank says at a destroy, before anything sleeps or is freed."""
 
     STEP: ClassVar[str] = "destroy"
 
-    #: Its communicator answered ``memory_stats()``: it can suspend.
-    ok: list[str] = field(default_factory=list, metadata=NAMES)
-    #: It can suspend, but no communicator exists yet (NCCL initializes lazily).
-    uninitialized: list[str] = field(default_factory=list, metadata=NAMES)
-    #: Some backend of it cannot suspend here.
-    unsupported: list[str] = field(default_factory=list, metadata=NAMES)
-    #: This rank let it go (dropped, or released while awake): no peer may enter its barrier.
-    released: list[str] = field(default_factory=list, metadata=NAMES)
-    #: Groups this rank left awake at creation that torch still knows (``left_awake``).
-    awake: list[str] = field(default_factory=list, metadata=NAMES)
-    #: Why, per group, a backend cannot suspend here.
-    why: list[str] = field(default_factory=list, metadata=LINES)
-    #: ``auto`` mode: a suspend would free less than ``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED``
-    #: of its memory here; what it would free (one line per group and figure, no rank in it);
-    #: and the groups this rank could not free instead (torch's own, not rebuilt in place).
-    little: list[str] = field(default_factory=list, metadata=NAMES)
-    little_why: list[str] = field(default_factory=list, metadata=LINES)
-    cannot_free: list[str] = field(default_factory=list, metadata=NAMES)
     #: Groups this package did not make that WORLD's swap would reach here anyway, and why
     #: (``world.carry.obstacles``): the destroy is refused on every rank.
     untouchable: list[str] = field(default_factory=list, metadata=LINES)
@@ -137,36 +193,8 @@ class DestroyAnswers(Answers):
     #: this rank (as a name: merged, the ranks that said so, as runs of numbers).
     release_failed: list[str] = field(default_factory=list, metadata=LINES)
     release_failed_ranks: list[str] = field(default_factory=list, metadata=NAMES)
-
-    def verdicts(self) -> dict[str, Verdict]:
-        """Each asked group's verdict, from every member's answer: the same on every rank.
-
-        A group some member left awake (its backends there serve the CPU or cannot suspend)
-        stays awake on every member: nobody suspends it, and nobody destroys it either (that
-        member would never take part in creating it again). A group every member left awake
-        is not the agreement's business.
-        """
-        every = {*self.ok, *self.uninitialized, *self.unsupported, *self.released}
-        released = set(self.released) | (set(self.awake) & every)
-        ok, uninitialized, unsupported = (
-            set(self.ok),
-            set(self.uninitialized),
-            set(self.unsupported),
-        )
-        little, cannot_free = set(self.little), set(self.cannot_free)
-        return {
-            name: sleep_verdict(
-                Reports(
-                    name in ok,
-                    name in uninitialized,
-                    name in unsupported,
-                    name in released,
-                    name in little,
-                    name in cannot_free,
-                )
-            )
-            for name in every
-        }
+    #: Each way's own answers, by its section's name (a suspend's: ``ways.suspend.answers``).
+    sections: dict[str, Any] = field(default_factory=dict, metadata=SECTIONS)
 
 
 @dataclasses.dataclass
@@ -191,10 +219,6 @@ class ReloadAnswers(Answers):
 # ---- merged per rank: only what differs travels back ----------------------------------------
 
 
-def _ranks(ranks: list[int]) -> dict[str, list[Any]]:
-    return pack_names({str(r) for r in ranks})
-
-
 def merge_ways(reports: list[tuple[int, dict[str, list[Any]]]]) -> dict[str, Any]:
     """The groups whose members would take different ways, or that some member holds no way.
 
@@ -215,7 +239,7 @@ def merge_ways(reports: list[tuple[int, dict[str, list[Any]]]]) -> dict[str, Any
         answered = sum(len(r) for r in group["ways"].values())
         if len(group["ways"]) > 1 or answered < group["size"]:
             group[FREE] = group[FREE] and answered >= group["size"]
-            group["ways"] = {way: _ranks(r) for way, r in group["ways"].items()}
+            group["ways"] = {way: pack_ranks(r) for way, r in group["ways"].items()}
             out[name] = group
     return out
 
@@ -227,60 +251,15 @@ def merge_by_rank(reports: list[tuple[int, dict[str, str]]]) -> dict[str, Any]:
         for name, value in settings.items():
             values.setdefault(name, {}).setdefault(str(value), []).append(rank)
     return {
-        name: {value: _ranks(ranks) for value, ranks in found.items()}
+        name: {value: pack_ranks(ranks) for value, ranks in found.items()}
         for name, found in values.items()
         if len(found) > 1 or sum(map(len, found.values())) < len(reports)
     }
 
 
 #: How each per-rank kind of field merges.
-MERGERS = {WAYS[MERGE]: merge_ways, BY_RANK[MERGE]: merge_by_rank}
-
-
-def ranks_of(packed: dict[str, list[Any]]) -> list[int]:
-    """The ranks ``merge_ways`` or ``merge_by_rank`` packed."""
-    return sorted(int(r) for r in unpack_names(packed))
-
-
-# ---- the wire form: names as runs of numbers ----------------------------------------------
-
-
-def pack_names(names: set[str]) -> dict[str, list[Any]]:
-    """``names`` with decimal ones (torch's group names are a counter) packed into runs."""
-    numbers = sorted(int(n) for n in names if n.isascii() and n.isdigit() and str(int(n)) == n)
-    runs: list[list[int]] = []
-    for number in numbers:
-        if runs and runs[-1][1] == number - 1:
-            runs[-1][1] = number
-        else:
-            runs.append([number, number])
-    packed = {str(n) for n in numbers}
-    return {"runs": runs, "names": sorted(names - packed)}
-
-
-def unpack_names(packed: dict[str, list[Any]]) -> list[str]:
-    out = [str(n) for first, last in packed["runs"] for n in range(first, last + 1)]
-    return out + list(packed["names"])
-
-
-def merge_name_sets(entries: list[bytes]) -> bytes:
-    """Untyped answers merged by value: a list becomes the union, a boolean the ``any`` (the
-    same wire form as ``Answers.merge``, for tools that build their own answers)."""
-    sets: dict[str, set[str]] = {}
-    flags: dict[str, bool] = {}
-    for entry in entries:
-        for name, value in json.loads(entry).items():
-            if isinstance(value, bool):
-                flags[name] = flags.get(name, False) or value
-            else:
-                sets.setdefault(name, set()).update(value)
-    merged: dict[str, Any] = {name: pack_names(values) for name, values in sets.items()}
-    return json.dumps(merged | flags, separators=(",", ":")).encode()
-
-
-def expand_name_sets(merged: bytes) -> dict[str, Any]:
-    """The object ``merge_name_sets`` packed: lists of names and booleans again."""
-    return {
-        name: value if isinstance(value, bool) else unpack_names(value)
-        for name, value in json.loads(merged).items()
-    }
+MERGERS = {
+    WAYS[MERGE]: merge_ways,
+    BY_RANK[MERGE]: merge_by_rank,
+    SECTIONS[MERGE]: merge_sections,
+}

@@ -17,15 +17,13 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ..errors import ReloadPGError
-from . import frees, guard, mode, names, policy, process, registry, splits, ways
+from . import frees, guard, names, policy, process, registry, torch_class, ways
 from .record import State
 from .recreation import new_group_signature
 from .stepping import threaded_world
-from .ways.suspend import capability, leave_awake
 from .ways.wrapper import WRAPPER, ReloadableProcessGroup
-from .world import settings_round
+from .world import facts, settings_round, splits
 from .world.end import check_world
-from .world.registration import destroys_every_group, needs_swap
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -68,9 +66,7 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     _agree_settings(arguments)
     # Before torch is called: its communicator may be split from a sleeping WORLD's.
     splits.refuse_new_group(arguments.get("backend"))
-    wrap = dist.is_initialized() and policy.should_wrap(
-        arguments.get("ranks"), arguments.get("backend"), destroys_every_group()
-    )
+    wrap = dist.is_initialized() and facts.wraps(arguments.get("ranks"), arguments.get("backend"))
     # The policy reads backend names; suspend reads torch's answers. In suspend and auto modes
     # a group the name-based rule leaves alone is asked once it exists, and taken if it can
     # suspend, whatever device its backend is registered for (a plugin, a test backend).
@@ -89,22 +85,22 @@ def create(create_native: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     with holder.lock:
         registry.belong_to(c10d._world.default_pg)
     if type(native) is _Native:
-        if ask and not capability(native).suspends:
+        if ask and ways.declined(native):
             # The rule's answer stands: it stays torch's, ours to leave alone (and named at
             # the destroy's agreement, in case a peer's answer differs).
-            return leave_awake(native)
+            return native
         try:
-            way = ways.choose(native, world_swaps=needs_swap())
+            way = facts.choose_group_way(native)
         except RuntimeError:  # refused by the mode (or torch would not say): nothing leaks
             with contextlib.suppress(ReloadPGError):  # a peer kept it: aborted, not waited on
                 frees.destroy(native, f"group {str(native.group_name)!r} (refused)")
             raise
         if way is None:
-            return leave_awake(native)  # a CPU group in suspend mode: it stays awake
+            return ways.left_alone(native)  # a CPU group in suspend mode: it stays awake
         record = registry.add(args, kwargs, str(native.group_name), State.LIVE, way)
         record.native = native
         if way.torch_object:
-            mode.copy_as_handle()
+            torch_class.handed()
             return native
         wrapper = ReloadableProcessGroup(native, None, _record=record)
         if guard.get_memory_guard().every_call:

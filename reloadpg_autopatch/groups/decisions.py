@@ -5,8 +5,8 @@ holds it) and, for a reload, what every rank agreed on through the store (who st
 group, who reloads it in place, who released it). ``destroy_step`` and ``reload_step`` ask the
 record's way (``ways.base.Way``), which looks at nothing else, so each can be tested over every
 combination of its inputs in one process; ``destroy`` and ``reload`` have each step carried out
-by the record's way, through a table. This module holds the vocabulary: the facts, the steps,
-and the verdict of the ranks' answers about a group that sleeps by suspend.
+by the record's way, calling the method of the step. This module holds the vocabulary every way
+shares: the facts and the steps (a way's own verdicts are its own: ``ways.suspend.verdicts``).
 """
 
 from __future__ import annotations
@@ -15,52 +15,6 @@ import enum
 from typing import Any, NamedTuple
 
 from .record import State
-
-
-class Verdict(enum.Enum):
-    """What the ranks agreed a suspend-mode group does at this destroy."""
-
-    #: Every member's communicator answered: suspend it, and guard the group.
-    SUSPEND = "suspend"
-    #: No member's communicator exists yet (NCCL initializes lazily): nothing to free, but
-    #: the group is guarded so that nothing initializes it while asleep.
-    GUARD = "guard"
-    #: Some member cannot suspend it, or their answers differ: destroyed behind its wrapper,
-    #: or left resident when the program holds torch's own object.
-    FALLBACK = "fallback"
-    #: A member released it: it stays as it is on every other member (a suspend would wait
-    #: in NCCL's barrier for the member that let go).
-    RESIDENT = "resident"
-    #: A suspend would keep most of its memory on some member (``auto`` mode: a one-rank
-    #: communicator's network buffer, inter-node buffers), and every member can free it
-    #: instead: freed behind its wrapper, or in place, and made again at the reload.
-    FREE = "free instead"
-
-
-class Reports(NamedTuple):
-    """Whether some member reported each answer about one group at the destroy's agreement."""
-
-    ok: bool
-    uninitialized: bool
-    unsupported: bool
-    released: bool
-    #: A suspend would free little of its memory there (``auto`` mode only).
-    little: bool = False
-    #: That member cannot free it instead (torch's own object that cannot be rebuilt in place).
-    cannot_free: bool = False
-
-
-def sleep_verdict(reports: Reports) -> Verdict:
-    """One group's verdict from every member's answer: the same on every rank."""
-    if reports.released:
-        return Verdict.RESIDENT
-    if reports.unsupported or (reports.ok and reports.uninitialized):
-        return Verdict.FALLBACK
-    if reports.uninitialized:
-        return Verdict.GUARD
-    if reports.ok:
-        return Verdict.FREE if reports.little and not reports.cannot_free else Verdict.SUSPEND
-    return Verdict.FALLBACK  # nobody answered: a group no member holds any more
 
 
 class DestroyFacts(NamedTuple):
@@ -72,9 +26,10 @@ class DestroyFacts(NamedTuple):
     #: The program dropped the wrapper (only a wrapper can be dropped: torch holds in-place
     #: groups in its maps).
     abandoned: bool
-    #: For a group that sleeps by suspend: what the ranks agreed (None: another way, or made
-    #: while asleep, when nobody was asked).
-    verdict: Verdict | None = None
+    #: What the ranks agreed about it in its way's own section of the destroy's agreement (a
+    #: suspend's: ``ways.suspend.verdicts.Verdict``); None where its way asks nothing there,
+    #: or for a group made while asleep, when nobody was asked.
+    verdict: Any = None
     #: Its members would take different ways: the step of the common way the ranks agreed on
     #: (``FREE_WRAPPED`` or ``KEEP_RESIDENT``: ``ways.common``), else None.
     shared: DestroyStep | None = None
@@ -100,7 +55,7 @@ class DestroyStep(enum.Enum):
 
 
 def destroy_step(facts: DestroyFacts) -> DestroyStep:
-    """The step for one record, from its facts (and, in suspend mode, the verdict) alone."""
+    """The step for one record, from its facts (and what its way's section agreed) alone."""
     return facts.way.destroy_step(facts)
 
 
@@ -119,8 +74,9 @@ class ReloadFacts(NamedTuple):
     peers_in_place: bool
     #: A member released it although it reloads in place (it cannot be rebuilt).
     released_by_a_member: bool
-    #: WORLD was restored by this reload, which tore down every group torch knew.
-    world_restored: bool
+    #: Every group torch knew was torn down by this reload before this record's turn (WORLD's
+    #: restore: ``world``), so a group made while asleep has no communicator any more.
+    torn_down: bool
 
 
 class ReloadStep(enum.Enum):

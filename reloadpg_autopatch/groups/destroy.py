@@ -25,7 +25,6 @@ from . import (
     agreement,
     frees,
     hooks,
-    participants,
     process,
     registry,
     releases,
@@ -37,6 +36,7 @@ from .agreement import DestroyAnswers
 from .decisions import DestroyFacts, DestroyStep, destroy_step
 from .record import Record, State
 from .runs import DestroyRun, broken
+from .store import channel
 from .ways import common
 from .ways.wrapper import binding
 from .world.end import check_world
@@ -51,7 +51,7 @@ IN_PLACE = frozenset({DestroyStep.SUSPEND, DestroyStep.GUARD, DestroyStep.KEEP_R
 
 def facts(record: Record, run: DestroyRun) -> DestroyFacts:
     """What the destroy's decision looks at for ``record``."""
-    verdict = run.verdicts.get(str(record.name)) if record.way.suspends else None
+    verdict = record.way.verdict(record, run)
     shared = common.STEPS.get(run.shared.get(str(record.name), ""))
     return DestroyFacts(record.state, record.way, binding.abandoned(record), verdict, shared)
 
@@ -70,7 +70,7 @@ def _agree(run: DestroyRun) -> None:
     answers = DestroyAnswers()
     answers.release_failed = releases.failures(run.releases)
     if answers.release_failed:
-        answers.release_failed_ranks = [str(participants.global_rank())]
+        answers.release_failed_ranks = [str(channel.global_rank())]
     common.answer_for_rank(answers)
     for answer in {type(way).answer_destroy_for_rank for way in ways.registered()}:
         answer(answers)
@@ -78,9 +78,8 @@ def _agree(run: DestroyRun) -> None:
         record.way.answer_destroy(record, answers)
         common.answer(record, answers)
     run.agreed = agreement.exchange(answers)
-    with participants.agreed_outcome():
+    with channel.agreed_outcome():
         _refuse_failed_releases(run.agreed)
-        run.verdicts = run.agreed.verdicts()
         for check in {type(way).after_destroy_agreement for way in ways.registered()}:
             check(run)
         common.settle(run)
@@ -92,7 +91,7 @@ def _refuse_failed_releases(agreed: DestroyAnswers) -> None:
         return
     ranks = sorted(int(r) for r in agreed.release_failed_ranks)
     raise ReleaseError(
-        f"destroy_process_groups() ({participants.where('destroy')}): what borrows a "
+        f"destroy_process_groups() ({channel.where('destroy')}): what borrows a "
         f"communicator could not be released on {'rank' if len(ranks) == 1 else 'ranks'} "
         f"{format_ranks(ranks)}: "
         f"{'; '.join(sorted(agreed.release_failed))}. The other releases ran; nothing was "
@@ -150,6 +149,11 @@ def _free(record: Record, step: DestroyStep, run: DestroyRun) -> None:
         record.way.broke(record)
 
 
+def _asleep() -> bool:
+    """Whether some group's communicator sleeps (suspended) after this destroy."""
+    return any(record.state is State.SUSPENDED for record in registry.records())
+
+
 def destroy_process_groups() -> None:
     """Free the communicators of every reloadable group; the group objects stay valid.
 
@@ -196,9 +200,11 @@ def destroy_process_groups() -> None:
             if run.stuck is not None:
                 raise run.stuck
         except BaseException:
-            stepping.end_destroy(holder, freed=bool(run.destroyed) or not run.first)
+            stepping.end_destroy(
+                holder, freed=bool(run.destroyed) or not run.first, suspended=_asleep()
+            )
             raise
-        stepping.end_destroy(holder)
+        stepping.end_destroy(holder, suspended=_asleep())
     run.part.total_ms = (time.perf_counter() - started) * 1e3
     run.part.groups["destroyed"] = list(run.destroyed)  # in the order freed
     if cycle is None:

@@ -37,15 +37,16 @@ from typing import Any
 
 from .._originals import destroy_native
 from ..errors import GroupBrokenError, PeerMissingError, ReloadPGError, format_ranks
-from . import entries, participants, process, watchdog
+from . import process, watchdog
 from .faults import GRACE_S
+from .store import channel, entries
 
 logger = logging.getLogger("reloadpg_autopatch")
 
 #: How long an aborted communicator's free may take to return before the process ends.
 ABORT_S = 5.0
-#: The rank that hosts the store (``participants.STORE_HOST``): named when the store is gone.
-STORE_HOST = participants.STORE_HOST
+#: The rank that hosts the store (``channel.STORE_HOST``): named when the store is gone.
+STORE_HOST = channel.STORE_HOST
 
 
 #: Set on the error a stuck free raises: the step that catches it aborts what it had left.
@@ -150,7 +151,7 @@ def _watched(
     holder = process.current()
     step = "reload" if holder.asleep and holder.step == "reload_process_groups" else "destroy"
     stuck = _Context(label, members, abort, step)
-    seconds = watchdog.suspend_timeout(participants.world_timeout())
+    seconds = watchdog.suspend_timeout(channel.world_timeout())
     with watchdog.watched(f"freeing {label}", seconds, stuck.expired) as watch:
         free()
     if watch.fired and watch.result is not None:
@@ -163,10 +164,10 @@ class _Context:
     def __init__(self, label: str, members: Callable[[], list[int]], abort: Any, step: str) -> None:
         holder = process.current()
         self.label, self.members, self.abort, self.during = label, members, abort, step
-        self.where = participants.where(step)
-        self.store = participants.base_store()
+        self.where = channel.where(step)
+        self.store = channel.base_store()
         self.key = holder.key(step, "stuck")
-        self.rank = participants.global_rank()
+        self.rank = channel.global_rank()
 
     def expired(self, watch: watchdog.Watch) -> None:
         """On the watchdog's thread: find who never came, abort, or end the process."""

@@ -24,8 +24,7 @@ from .report import CycleReport
 from .stepping import threaded_world
 from .unwrap import unwrap
 from .world import registration
-from .world.end import end_world, wake_before_world_ends
-from .world.swap import native_world
+from .world.end import destroy_group_or_world
 
 _Step = TypeVar("_Step", bound=Callable[..., Any])
 
@@ -97,10 +96,9 @@ register_default_process_group = _active(registration.register_default_process_g
 
 __all__ = [
     "create",
+    "destroy_process_group",
     "destroy_process_groups",
-    "end_world",
     "last_cycle_report",
-    "native_world",
     "not_active_error",
     "refuse_while_asleep",
     "register_default_process_group",
@@ -109,8 +107,16 @@ __all__ = [
     "reloadable_groups",
     "threaded_world",
     "unwrap",
-    "wake_before_world_ends",
 ]
+
+
+def destroy_process_group(destroy: Callable[..., Any], group: Any) -> Any:
+    """torch's ``destroy_process_group`` (``destroy``) of ``group``, as the program calls it:
+    one of our groups is released for good (reload will not revive it); WORLD, or nothing,
+    ends the world (every group torch knows, and this world's records)."""
+    if release(group):
+        return None
+    return destroy_group_or_world(destroy, unwrap(group))
 
 
 def reloadable_groups() -> list[Any]:

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
-import torch.distributed as dist
-
-from .._env import MODE_ENV, MODES, first_report, mode_problem
+from .._env import MODE_ENV, MODES, MODES_GROUP, first_report, mode_problem
 from . import settings
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -51,8 +48,30 @@ def set_reload_mode(mode: str) -> None:
         held.mode = chosen
 
 
+#: The plugin modes looked for already (``_from_plugin``), found or not.
+_LOOKED_FOR: set[str] = set()
+
+
+def _from_plugin(name: str) -> bool:
+    """Whether a mode named ``name`` exists once the entry point of that name in
+    ``MODES_GROUP`` is loaded (importing its target registers the mode); looked for once."""
+    if name not in _LOOKED_FOR:
+        _LOOKED_FOR.add(name)
+        try:
+            from importlib.metadata import entry_points
+
+            for point in entry_points(group=MODES_GROUP):
+                if point.name == name:
+                    point.load()
+                    break
+        except Exception as error:  # a broken plugin: said once, and the mode is unknown
+            logger.warning("loading the mode %r from %s failed: %r", name, MODES_GROUP, error)
+    return name in _KNOWN
+
+
 def get_reload_mode() -> str:
-    """The mode in force: set by ``set_reload_mode``, else ``SLIME_RELOADABLE_PG_MODE``."""
+    """The mode in force: set by ``set_reload_mode``, else ``SLIME_RELOADABLE_PG_MODE`` (a
+    built-in mode, or one an installed distribution registers: ``_env.MODES_GROUP``)."""
     chosen = settings.current().mode
     if chosen is not None:
         return chosen
@@ -62,29 +81,9 @@ def get_reload_mode() -> str:
         return "wrapper"
     if value in MODES:
         return value
+    if raw.strip() in _KNOWN or _from_plugin(raw.strip()):
+        return raw.strip()
     problem = mode_problem(raw)
     if problem is not None and first_report(MODE_ENV, raw):  # once, whoever read it first
         logger.warning("%s", problem)
     return "wrapper"
-
-
-def copy_as_handle() -> None:
-    """Make ``copy.copy``/``copy.deepcopy`` of a native group return the group itself.
-
-    When the program holds torch's own groups (in place, suspend), torch's class cannot be
-    copied (``cannot pickle ProcessGroup``); behind a wrapper a group is a handle, and copying it
-    gives the same group (Megatron deep-copies configs that hold groups). So once a group keeps
-    torch's own object, torch's class copies like the wrapper.
-    """
-    cls = dist.ProcessGroup
-    if "__copy__" not in cls.__dict__:
-        cls.__copy__ = _same  # type: ignore[attr-defined]
-        cls.__deepcopy__ = _same_deep  # type: ignore[attr-defined]
-
-
-def _same(self: Any) -> Any:
-    return self
-
-
-def _same_deep(self: Any, memo: dict[int, Any]) -> Any:
-    return self

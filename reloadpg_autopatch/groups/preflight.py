@@ -17,8 +17,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from . import guard, memory, participants
+from . import guard, memory
 from .record import Record
+from .store import channel
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -47,7 +48,7 @@ def short(records: Iterable[Record]) -> list[str]:
         now = memory.figures(device) or now
         if now.free < need + margin:
             lines.append(
-                f"rank {participants.global_rank()} has {memory.human(now.free)} free on "
+                f"rank {channel.global_rank()} has {memory.human(now.free)} free on "
                 f"{device} and needs {memory.human(need + margin)} ({memory.human(need)} to "
                 f"resume groups {', '.join(map(repr, groups))} plus the {memory.human(margin)} "
                 "margin of SLIME_RELOADABLE_PG_MIN_FREE_GB)"

@@ -10,11 +10,11 @@ writes it, so a reader knows where each value changes:
 - ``records``: every recorded creation in creation order, the index that finds them, and the
   default group they belong to: written by ``registry``;
 - ``rounds``: the token and the result key of the last world-wide store round: written by
-  ``participants``;
+  ``store.channel``;
 - ``pools``: the backends a reloadable group handed out and the pools registered again:
   written by ``pools``;
-- ``left_awake``: groups this rank left awake while a peer may suspend them: written by the
-  suspend way.
+- ``ways``: what each way keeps for this process, in a slot of its own: written by the ways
+  (and emptied by the ``world`` package when a world ends).
 
 ``PHASES`` lists every phase change allowed and ``ProcessState.move`` refuses the others, as
 ``Record.move`` does for a record. A forked child inherits the parent's memory but never its
@@ -138,7 +138,7 @@ class Records:
 
 @dataclass
 class Rounds:
-    """The world-wide store rounds; written by ``participants``."""
+    """The world-wide store rounds; written by ``store.channel``."""
 
     #: The fresh token of this step's store round, the same on every rank: what torch creates
     #: in the step (groups, a WORLD) rendezvous under it, so no key an earlier world left in
@@ -149,10 +149,10 @@ class Rounds:
     #: ``(store, key)``: what torch wrote in this rank's creations (``written``), deleted by
     #: this rank after the next cycle's first round.
     written: list[tuple[Any, str]] = field(default_factory=list)
-    #: Markers of keys torch wrote that this rank cannot name (``participants.mark``), deleted
+    #: Markers of keys torch wrote that this rank cannot name (``store.channel.mark``), deleted
     #: then too, after one listing.
     marked: list[str] = field(default_factory=list)
-    #: WORLD's store and the view of it the rounds use (``participants.base_store``).
+    #: WORLD's store and the view of it the rounds use (``store.channel.base_store``).
     through: tuple[Any, Any] | None = None
     #: A step failed on this rank: its next round waits for peers still leaving that step.
     after_failure: bool = False
@@ -196,9 +196,9 @@ class ProcessState:
         self.records = Records()
         self.rounds = Rounds()
         self.pools = Pools()
-        #: Groups asked whether they can suspend that this rank left torch's own and awake:
-        #: named at every destroy's agreement (the suspend way writes it).
-        self.left_awake: set[str] = set()
+        #: What each way keeps for this process, in a slot of its own (the suspend way: the
+        #: groups this rank left awake, ``ways.suspend.awake``); a new world starts without.
+        self.ways: dict[str, Any] = {}
 
     def move(self, to: Phase) -> None:
         """Change phase; a change ``PHASES`` does not list raises ``TransitionError``."""

@@ -17,9 +17,10 @@ from typing import Any
 import torch.distributed as dist
 
 from .._originals import original
-from . import faults, names, participants, pools, process
+from . import faults, names, pools, process
 from .backends import device_backends
 from .record import Record
+from .store import channel
 
 _Native = dist.ProcessGroup
 
@@ -42,7 +43,7 @@ def creation_call(
     own = record.timeout
     arguments.arguments["timeout"] = bound if own is None else min(own, bound)
     ranks = arguments.arguments.get("ranks")
-    members = list(range(participants.world_size())) if ranks is None else sorted(ranks)
+    members = list(range(channel.world_size())) if ranks is None else sorted(ranks)
     return arguments.args, arguments.kwargs, members
 
 
@@ -50,12 +51,12 @@ def create_again(record: Record) -> Any:
     """Create the record's group again, under its name; a missing peer fails within WORLD's
     timeout with an error naming the group, the cycle and the ranks that did not come."""
     holder = process.current()
-    bound = participants.world_timeout()
+    bound = channel.world_timeout()
     args, kwargs, members = creation_call(record, bound)
-    store = participants.base_store()
+    store = channel.base_store()
     # One key for every creation of this reload, not one per group: a member that failed at
     # another creation (stuck behind the same missing peer) has still marked itself there.
-    key = holder.key("reload", "create", participants.token())
+    key = holder.key("reload", "create", channel.token())
     if record.published is not None:  # published while destroyed: torch registers the new one
         names.withdraw(record.name)
     started = time.monotonic()
@@ -65,11 +66,11 @@ def create_again(record: Record) -> Any:
     except Exception as error:
         raise faults.failure(
             f"reload_process_groups(): creating group {record.name!r} (ranks {members})",
-            participants.where("reload"),
+            channel.where("reload"),
             store=store,
             key=key,
             ranks=members,
-            rank=participants.global_rank(),
+            rank=channel.global_rank(),
             timeout=bound,
             started=started,
             error=error,

@@ -23,19 +23,18 @@ from . import (
     frees,
     hooks,
     names,
-    participants,
     pools,
     preflight,
     process,
     registry,
     report,
     stepping,
-    written,
 )
 from .agreement import ReloadAnswers
 from .decisions import ReloadFacts, ReloadStep, reload_step
 from .record import Record
 from .runs import ReloadRun, broken
+from .store import channel, written
 from .world.end import check_world
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -56,7 +55,7 @@ class _Agreed:
         self.released_in_place = set(answers.released_in_place)
 
 
-def facts(record: Record, agreed: _Agreed, world_restored: bool) -> ReloadFacts:
+def facts(record: Record, agreed: _Agreed, torn_down: bool) -> ReloadFacts:
     """What the reload's decision looks at for ``record``."""
     return ReloadFacts(
         state=record.state,
@@ -65,7 +64,7 @@ def facts(record: Record, agreed: _Agreed, world_restored: bool) -> ReloadFacts:
         needed=record.name in agreed.held,
         peers_in_place=record.name in agreed.in_place,
         released_by_a_member=record.name in agreed.released_in_place,
-        world_restored=world_restored,
+        torn_down=torn_down,
     )
 
 
@@ -115,7 +114,7 @@ def reload_process_groups() -> None:
             cycle = _reload(holder, run)
         except BaseException:
             stepping.end_reload(holder, woke=False)
-            participants.step_failed()  # peers may still wait for this rank inside it
+            channel.step_failed()  # peers may still wait for this rank inside it
             raise
         stepping.end_reload(holder, woke=True)
         with run.part.phase("hooks"):
@@ -166,19 +165,19 @@ def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
     if run.agreed.short:
         short = run.agreed.short
         shown = "; ".join(short[:8]) + (f"; and {len(short) - 8} more" if len(short) > 8 else "")
-        with participants.agreed_outcome():
+        with channel.agreed_outcome():
             raise MemoryShortError(
-                f"reload_process_groups() ({participants.where('reload')}): {shown}. Nothing was "
+                f"reload_process_groups() ({channel.where('reload')}): {shown}. Nothing was "
                 "resumed on any rank and the groups still sleep: free accelerator memory (for "
                 "instance offload the rollout engine first) and call reload_process_groups() again"
             )
     # Only now is this attempt the cycle's reload: a refused one leaves the report (its
     # destroy's figures) to the retry.
     cycle.reload = run.part
-    prefix = holder.key("reload", "groups", participants.token()) + "/"
+    prefix = holder.key("reload", "groups", channel.token()) + "/"
     creations = written.recording("groups", prefix)
     for record in list(registry.records()):
-        step = reload_step(facts(record, agreed, run.restored))
+        step = reload_step(facts(record, agreed, run.torn_down))
         begun = time.perf_counter()
         with run.part.phase(record.way.phase(step)):
             if step in CREATES:
@@ -193,7 +192,7 @@ def _reload(holder: process.ProcessState, run: ReloadRun) -> report.CycleReport:
         # side of the handshake would see "Connection closed by peer". Every rank has
         # finished every creation once all of them pass this point.
         with run.part.phase("sync"):
-            participants.sync("reload", "created")
+            channel.sync("reload", "created")
     for native in run.taken_part:
         if type(native) is _Native:
             frees.destroy(native, f"group {str(native.group_name)!r} (only taken part in)")

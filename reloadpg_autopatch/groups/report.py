@@ -155,4 +155,6 @@ def describe(report: dict[str, Any], steps: tuple[str, ...] = ("destroy", "reloa
 
 
 def log(report: CycleReport, step: str) -> None:
-    logger.info(report.summary(step), extra={"reloadpg_cycle": report.to_dict()})
+    """The step's line at INFO, built only where INFO is on (two dicts of every group a step)."""
+    if logger.isEnabledFor(logging.INFO):
+        logger.info(report.summary(step), extra={"reloadpg_cycle": report.to_dict()})

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GroupBrokenError
-from . import participants
 from .agreement import DestroyAnswers, ReloadAnswers
-from .decisions import Verdict
 from .report import StepReport
+from .store import channel
 
 
 @dataclass
@@ -27,13 +26,9 @@ class DestroyRun:
     first: bool = True
     #: What the ranks agreed (None: a destroy while asleep asks nobody).
     agreed: DestroyAnswers | None = None
-    #: Each asked group's verdict, from ``agreed``.
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
     #: The common way of each group whose members would take different ways
     #: (``ways.common``).
     shared: dict[str, str] = field(default_factory=dict)
-    #: Seconds one suspend may take before the watchdog ends the process (read once a step).
-    suspend_seconds: float | None = None
     #: Names of the groups whose communicator was freed, in the order they were.
     destroyed: list[str] = field(default_factory=list)
     #: Groups whose suspend raised: ``(name, error)``.
@@ -42,6 +37,9 @@ class DestroyRun:
     stuck: BaseException | None = None
     #: What borrowed a communicator, released before anything was freed (``releases``).
     releases: list[Any] = field(default_factory=list)
+    #: What each way keeps for the length of this step, by its name (suspend's verdicts and
+    #: watchdog timeout: ``ways.suspend``).
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -50,9 +48,8 @@ class ReloadRun:
 
     part: StepReport = field(default_factory=StepReport)
     agreed: ReloadAnswers = field(default_factory=ReloadAnswers)
-    suspend_seconds: float | None = None
-    #: Whether WORLD's restore (its swap back) tore down every group torch knew.
-    restored: bool = False
+    #: Whether this reload tore down every group torch knew (WORLD's restore: ``world``).
+    torn_down: bool = False
     #: The groups rebuilt or resumed, in order, for the after-reload hooks.
     rebuilt: list[Any] = field(default_factory=list)
     #: Native groups created only to take part, freed once every rank has created them.
@@ -63,6 +60,8 @@ class ReloadRun:
     )
     #: Suspended groups whose resume raised.
     failures: list[tuple[str, BaseException]] = field(default_factory=list)
+    #: What each way keeps for the length of this step, by its name.
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 def broken(failures: list[tuple[str, BaseException]], action: str, step: str) -> GroupBrokenError:
@@ -70,7 +69,7 @@ def broken(failures: list[tuple[str, BaseException]], action: str, step: str) ->
     text = "; ".join(f"group {name!r}: {type(e).__name__}: {e}" for name, e in failures)
     call = "destroy_process_groups()" if step == "destroy" else "reload_process_groups()"
     error = GroupBrokenError(
-        f"{call} ({participants.where(step)}) could not {action} {text}. Such a communicator "
+        f"{call} ({channel.where(step)}) could not {action} {text}. Such a communicator "
         "is in an unknown state (NCCL may have released part of it): it stays refused, and "
         "this process must restart to use it again; every other group went on as usual"
     )

@@ -98,11 +98,15 @@ def begin_destroy(holder: process.ProcessState) -> CycleReport | None:
     return holder.last_report
 
 
-def end_destroy(holder: process.ProcessState, *, freed: bool = True) -> None:
-    """The destroy ended (``freed``: it freed something, or the cycle was asleep already)."""
+def end_destroy(
+    holder: process.ProcessState, *, freed: bool = True, suspended: bool = False
+) -> None:
+    """The destroy ended (``freed``: it freed something, or the cycle was asleep already;
+    ``suspended``: some communicator sleeps, which the reload will resume under the watchdog,
+    so its thread may wait for it: one thread a cycle, not one a step)."""
     if holder.phase is Phase.DESTROYING:  # a lost WORLD has reset the phase already
         holder.move(Phase.ASLEEP if freed else Phase.AWAKE)
-    if holder.phase is Phase.AWAKE:
+    if holder.phase is Phase.AWAKE or not suspended:
         watchdog.idle()  # nothing sleeps: no watchdog thread
 
 

@@ -19,13 +19,9 @@ once, armed for the earliest deadline and disarmed when nothing is watched.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import faulthandler
-import functools
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -34,6 +30,8 @@ from datetime import timedelta
 from typing import Any
 
 from .. import _env
+from .backstop import Backstop
+from .backstop import backstop_signal as _backstop_signal  # noqa: F401 - read by the tests
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -44,6 +42,9 @@ BACKSTOP_S = 5.0
 #: The longest timeout the watchdog times: the longest accepted (about 31 years), or less where
 #: a thread cannot wait that long (``threading.TIMEOUT_MAX``, less the backstop's margin).
 LONGEST_S = float(min(_env.LONGEST_SUSPEND_TIMEOUT_S, int(threading.TIMEOUT_MAX - BACKSTOP_S)))
+#: How much earlier than its call's deadline plus ``BACKSTOP_S`` the backstop may fire, so
+#: that calls in a row re-arm it about once a second, not once each.
+SLACK_S = 1.0
 #: The watchdog thread's name (tests and the whole-run benchmark count it).
 THREAD_NAME = "reloadpg_autopatch-watchdog"
 
@@ -89,113 +90,6 @@ def _expired(watch: Watch) -> None:
     )
 
 
-# ---- the backstop: a POSIX timer of our own --------------------------------------------------
-
-_CLOCK_MONOTONIC = 1
-_SIGEV_SIGNAL = 0
-
-
-class _Sigevent(ctypes.Structure):
-    """Linux's ``struct sigevent`` (64 bytes): the value, the signal, how to notify, padding."""
-
-    _fields_ = [
-        ("value", ctypes.c_void_p),
-        ("signo", ctypes.c_int),
-        ("notify", ctypes.c_int),
-        ("pad", ctypes.c_int * ((64 - ctypes.sizeof(ctypes.c_void_p) - 8) // 4)),
-    ]
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
-
-
-class _Itimerspec(ctypes.Structure):
-    _fields_ = [("interval", _Timespec), ("value", _Timespec)]
-
-
-@functools.cache
-def _timers() -> Any:
-    """libc's ``timer_create`` family, or None where there is none (not Linux, 32-bit)."""
-    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_long) != 8:
-        return None
-    for name in (None, ctypes.util.find_library("rt")):
-        try:
-            lib = ctypes.CDLL(name, use_errno=True)
-            create, settime, delete = lib.timer_create, lib.timer_settime, lib.timer_delete
-        except (OSError, AttributeError):
-            continue
-        create.argtypes = [ctypes.c_int, ctypes.POINTER(_Sigevent), ctypes.POINTER(ctypes.c_void_p)]
-        settime.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.POINTER(_Itimerspec),
-            ctypes.c_void_p,
-        ]
-        delete.argtypes = [ctypes.c_void_p]
-        create.restype = settime.restype = delete.restype = ctypes.c_int
-        return lib
-    logger.debug("no POSIX timers here: the watchdog has no backstop for a call holding the GIL")
-    return None
-
-
-def _backstop_signal() -> int:
-    """SIGABRT (the program's faulthandler, if enabled, dumps the stacks), unless the program
-    handles or ignores it in Python: a Python handler cannot run while the GIL is held, so
-    then SIGKILL, which nothing can stop."""
-    handler = signal.getsignal(signal.SIGABRT)
-    if handler is signal.SIG_DFL or handler is None:
-        return int(signal.SIGABRT)
-    return int(signal.SIGKILL)
-
-
-class _Backstop:
-    """One POSIX timer of this process, created on first use and re-armed after that; made
-    again when the signal it must send changes (the program began to handle SIGABRT)."""
-
-    def __init__(self) -> None:
-        self.timer: ctypes.c_void_p | None = None
-        self.signo = 0
-        self.armed = False
-
-    def _create(self, signo: int) -> bool:
-        lib = _timers()
-        if lib is None:
-            return False
-        if self.timer is not None:
-            lib.timer_delete(self.timer)
-            self.timer = None
-        event = _Sigevent()
-        event.notify = _SIGEV_SIGNAL
-        event.signo = signo
-        timer = ctypes.c_void_p()
-        if lib.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
-            logger.debug("timer_create failed (errno %d): no backstop", ctypes.get_errno())
-            return False
-        self.timer, self.signo = timer, signo
-        return True
-
-    def _set(self, seconds: float) -> None:
-        spec = _Itimerspec()
-        spec.value.sec = int(seconds)
-        spec.value.nsec = int((seconds - int(seconds)) * 1e9)
-        if _timers().timer_settime(self.timer, 0, ctypes.byref(spec), None) != 0:
-            logger.debug("timer_settime failed (errno %d): no backstop", ctypes.get_errno())
-
-    def arm(self, seconds: float) -> None:
-        """Signal this process ``seconds`` from now (replacing any earlier arming)."""
-        signo = _backstop_signal()
-        if (self.timer is None or signo != self.signo) and not self._create(signo):
-            return
-        self._set(max(seconds, 1e-3))
-        self.armed = True
-
-    def disarm(self) -> None:
-        if self.armed and self.timer is not None:
-            self._set(0.0)  # a zero value disarms a POSIX timer
-        self.armed = False
-
-
 # ---- the one thread ----------------------------------------------------------------------------
 
 
@@ -227,7 +121,11 @@ class _Dog:
         self.watches: list[Watch] = []
         self.thread: threading.Thread | None = None
         self.stopping = False
-        self.backstop = _Backstop()
+        self.backstop = Backstop()
+        #: The deadline the thread sleeps until (inf: none); an earlier one must wake it.
+        self.waking = float("inf")
+        #: When the backstop is armed to fire (inf: not armed).
+        self.fires = float("inf")
 
     def arm(self, watch: Watch) -> None:
         with self.cond:
@@ -237,26 +135,33 @@ class _Dog:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
                 self.thread.start()
-            self.cond.notify()
+            if watch.deadline < self.waking:  # a later one waits for the thread's next wake
+                self.cond.notify()
 
     def disarm(self, watch: Watch) -> None:
         watch.done.set()
         with self.cond:
             if watch in self.watches:
                 self.watches.remove(watch)
-            self._rearm_backstop()
-            self.cond.notify()
+            self._rearm_backstop()  # the thread wakes at its deadline, and finds nothing due
 
     def push_backstop(self, seconds: float) -> None:
         with self.cond:
             self.backstop.arm(seconds + BACKSTOP_S)
+            self.fires = time.monotonic() + seconds + BACKSTOP_S
 
     def _rearm_backstop(self) -> None:
+        """Armed for the earliest pending deadline, give or take ``SLACK_S`` (a re-arm per call
+        would cost more than the call's own bookkeeping); disarmed once nothing is watched."""
         pending = [w.deadline for w in self.watches if not w.fired]
         if pending:
-            self.backstop.arm(min(pending) - time.monotonic() + BACKSTOP_S)
-        elif not self.watches:
+            fires = min(pending) + BACKSTOP_S
+            if not fires - SLACK_S <= self.fires <= fires:
+                self.backstop.arm(fires - time.monotonic())
+                self.fires = fires
+        elif not self.watches and self.fires != float("inf"):
             self.backstop.disarm()
+            self.fires = float("inf")
         # else: an expiry action runs, and pushed the backstop out itself (``Watch.extend``)
 
     def stop_if_idle(self) -> None:
@@ -279,11 +184,13 @@ class _Dog:
                         return
                     pending = [w for w in self.watches if not w.fired]
                     if not pending:
+                        self.waking = float("inf")
                         self.cond.wait()
                         continue
                     first = min(pending, key=lambda w: w.deadline)
                     left = first.deadline - time.monotonic()
                     if left > 0:
+                        self.waking = first.deadline
                         self.cond.wait(left)
                         continue
                     due = first

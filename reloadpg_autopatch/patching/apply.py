@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -122,24 +121,31 @@ def _build(dist: types.ModuleType) -> patchset.PatchSet:
     return patchset.PatchSet(originals, wrappers, in_c10d, lifecycle & set(wrappers))
 
 
+def _teach_the_lifecycle() -> None:
+    """What torch's classes learn only when the lifecycle needs it: groups that keep torch's
+    own object copy as handles (``classes.copy_as_handle``), from the first one handed out."""
+    from ..groups import torch_class
+    from . import classes
+
+    torch_class.when_handed(classes.copy_as_handle)
+
+
 def _home(wrapper: Any, module: str) -> None:
     """Make ``module`` + ``__qualname__`` find ``wrapper`` (pickle looks functions up so)."""
     wrapper.__module__ = module
 
 
-def monkey_patch_torch_dist(rebind_prefixes: str | Iterable[str] | None = None) -> None:
-    """Patch ``torch.distributed`` once per process, then rebind stale references.
-
-    Safe to call any number of times: later calls only repeat the sweep. ``rebind_prefixes``
-    chooses the modules the sweep visits (default ``("megatron",)``; ``"*"`` for all).
-    """
-    patch(rebind_prefixes)
-
-
 def patch(
     rebind_prefixes: str | Iterable[str] | None = None, *, load_dynamo_table: bool = True
 ) -> None:
-    """``monkey_patch_torch_dist``; at start-up Dynamo's table is not imported just for us."""
+    """Patch ``torch.distributed`` once per process, then rebind stale references.
+
+    Safe to call any number of times: later calls only repeat the sweep. ``rebind_prefixes``
+    chooses the modules the sweep visits (default ``("megatron",)``; ``"*"`` for all). At
+    start-up Dynamo's table is not imported just for us. The public ``monkey_patch_torch_dist``
+    is this, then the adoption of the frameworks' modules loaded before it (``adoption``, the
+    layer above this one).
+    """
     prefixes = sweep.parse_prefixes(rebind_prefixes)
     with patchset.LOCK:
         if patchset.current() is None:
@@ -158,6 +164,7 @@ def patch(
             patchset.set_current(built)
             _originals.note_patched()
             install.guard_splits()
+            _teach_the_lifecycle()
             dynamo.register(built, load=load_dynamo_table)
             rebound = sweep.rebind_torch()
             logger.info(
@@ -170,17 +177,3 @@ def patch(
     changed = sweep.rebind(prefixes)
     if changed:
         logger.info("rebound %d stale references to torch.distributed functions", len(changed))
-    _adopt_loaded()
-
-
-def _adopt_loaded() -> None:
-    """Adopt the frameworks' lifecycle modules imported before the patch (``adopt``)."""
-    names = _env.parse_adopt_modules(os.environ.get(_env.ADOPT_MODULES_ENV))[0]
-    if not any(name in sys.modules for name in names):
-        return  # the usual case at start-up: nothing to adopt, nothing more to import
-    from . import adopt
-
-    try:
-        adopt.adopt_loaded()
-    except Exception as error:  # the patch stands; the framework keeps its own lifecycle
-        logger.warning("adopting the frameworks' lifecycle modules failed: %s", error)

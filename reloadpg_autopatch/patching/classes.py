@@ -1,4 +1,5 @@
-"""Subclasses of torch's group-taking classes (``P2POp``) that store the native group."""
+"""torch's classes, taught: subclasses of its group-taking classes (``P2POp``) that store the
+native group, and ``ProcessGroup`` copied as a handle once the program holds torch's own groups."""
 
 from __future__ import annotations
 
@@ -78,3 +79,27 @@ def _wrapper_of(value: Any) -> Any:
     patch = patchset.current()
     pair = patch.by_original_id.get(id(value)) if patch is not None else None
     return pair[1] if pair is not None and pair[0] is value else value
+
+
+def copy_as_handle() -> None:
+    """Make ``copy.copy``/``copy.deepcopy`` of a native group return the group itself.
+
+    When the program holds torch's own groups (in place, suspend), torch's class cannot be
+    copied (``cannot pickle ProcessGroup``); behind a wrapper a group is a handle, and copying it
+    gives the same group (Megatron deep-copies configs that hold groups). So once a group keeps
+    torch's own object, torch's class copies like the wrapper: the patch registers this with
+    the lifecycle (``groups.torch_class``), which calls it when it hands out the first such
+    group, at its creation or WORLD's registration. Idempotent.
+    """
+    cls = _Native
+    if "__copy__" not in cls.__dict__:
+        cls.__copy__ = _same  # type: ignore[attr-defined]
+        cls.__deepcopy__ = _same_deep  # type: ignore[attr-defined]
+
+
+def _same(self: Any) -> Any:
+    return self
+
+
+def _same_deep(self: Any, memo: dict[int, Any]) -> Any:
+    return self

@@ -149,14 +149,6 @@ def make_destroy_process_group(original: Callable[..., Any]) -> Callable[..., An
             group = signature.bind(*args, **kwargs).arguments.get("group")
         except TypeError:
             return original(*args, **kwargs)  # raises torch's own error
-        if _lifecycle().release(group):
-            return None
-        native = _lifecycle().unwrap(group)
-        if native is not None and native is not _lifecycle().native_world():
-            return original(native)
-        _lifecycle().wake_before_world_ends()  # a suspended communicator is resumed first
-        result = original()  # WORLD, behind its stand-in or not: torch destroys every group
-        _lifecycle().end_world()
-        return result
+        return _lifecycle().destroy_process_group(original, group)
 
     return mark(destroy_process_group, original)

@@ -5,7 +5,7 @@
 split ends in ``ProcessGroup.split_group`` (torch's ``split_group()``, which DeviceMesh bound by
 name at import, calls it on the parent), and every ``shrink_group`` passes
 ``distributed_c10d._validate_shrink_backend_requirements`` right before ``backend.shrink``.
-The wrappers made here ask the lifecycle first (``groups.splits``), which refuses while the
+The wrappers made here ask the lifecycle first (``groups.world.splits``), which refuses while the
 parent sleeps; ``install.guard_splits`` puts them in place. ``new_group`` asks in the lifecycle's
 ``create``.
 """
@@ -20,7 +20,7 @@ from .wrapgen import mark
 
 def _splits() -> Any:
     # Imported at the first split, not when the patch is applied (inside ``import torch``).
-    from ..groups import splits
+    from ..groups.world import splits
 
     return splits
 

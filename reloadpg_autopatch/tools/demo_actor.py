@@ -23,9 +23,9 @@ class Mismatch(AssertionError):
 
 
 def _adoption() -> dict[str, Any]:
-    from ..patching import adopt
+    from ..adoption import seen as adoption
 
-    seen = [s for s in adopt.status()["seen"] if s["module"] == LIFECYCLE]
+    seen = [s for s in adoption.status()["seen"] if s["module"] == LIFECYCLE]
     if not seen:
         return {"adopted": [], "kept": "never imported"}
     return {"adopted": seen[0]["adopted"], "kept": seen[0]["kept"]}
@@ -33,6 +33,12 @@ def _adoption() -> dict[str, Any]:
 
 #: The actor's lifecycle module, which the demo's ranks adopt by name.
 LIFECYCLE = "reloadpg_autopatch.tools.framework_demo.reloadable_process_group"
+#: The backend of WORLD and the actor's groups: the package's CPU model of NCCL's suspend
+#: (``cpu_nccl``, gloo for every collective) under a name of its own, with a 4 MiB
+#: communicator buffer that a suspend frees and a resume restores.
+BACKEND = "cpu_suspend"
+BUFFER_BYTES = 4 * 2**20
+PERSIST_BYTES = 256 * 2**10
 
 
 def _counts(backends: list[Any]) -> list[tuple[int, int]]:
@@ -41,9 +47,14 @@ def _counts(backends: list[Any]) -> list[tuple[int, int]]:
 
 def run(args: Any) -> None:
     launch.emit({"type": "up", "rank": args.rank})
-    from .framework_demo import cpu_suspend
+    from . import cpu_nccl
 
-    backend = cpu_suspend.register()
+    backend = cpu_nccl.register_variant(
+        BACKEND,
+        suspend_bytes=BUFFER_BYTES,
+        persist_bytes=PERSIST_BYTES,
+        barrier_timeout=args.timeout,  # a rank whose peer died gives up within the demo's time
+    )
     os.environ.update(
         MASTER_ADDR=args.host,
         MASTER_PORT=str(args.port),
@@ -59,8 +70,8 @@ def run(args: Any) -> None:
     actor = actor_module.MegatronTrainRayActor()
     minutes = max(args.timeout / 60, 0.5)
     actor.init(SimpleNamespace(distributed_backend=backend, distributed_timeout_minutes=minutes))
-    backends = list(cpu_suspend.BACKENDS)
-    made = len(cpu_suspend.BACKENDS)
+    backends = cpu_nccl.backends(BACKEND)
+    made = cpu_nccl.creations(BACKEND)
     suspend = package.get_reload_mode() == "suspend"
     launch.emit(
         {
@@ -81,7 +92,7 @@ def run(args: Any) -> None:
             raise Mismatch(f"rank {args.rank}, step {step}: trained {trained}, weights {weights}")
         after = _counts(backends)
         cycled = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)]
-        created = len(cpu_suspend.BACKENDS) - made
+        created = cpu_nccl.creations(BACKEND) - made
         if suspend and (created or any(c not in ((2, 2), (0, 0)) for c in cycled)):
             raise Mismatch(
                 f"rank {args.rank}, step {step}: (suspends, resumes) per backend {cycled}, "

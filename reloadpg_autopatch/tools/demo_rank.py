@@ -30,10 +30,11 @@ def _expect(label: str, got: Any, want: Any) -> None:
 
 
 def _activation() -> str:
-    from .._startup import bootstrap
-    from ..patching import apply, patchset
+    from .. import _startup
+    from ..adoption import landing
+    from ..patching import patchset
 
-    started_by_site = bootstrap.status()["source"] == "site"
+    started_by_site = _startup.status()["source"] == "site"
     import torch.distributed  # noqa: F401 - with the .pth active, this is what patches
 
     if started_by_site:
@@ -41,7 +42,7 @@ def _activation() -> str:
             raise RuntimeError("the .pth activated at start-up, but torch.distributed is unpatched")
         return "pth"
     # Not installed with its .pth in this interpreter: patch late and let the sweep work.
-    apply.monkey_patch_torch_dist()
+    landing.monkey_patch_torch_dist()
     return "late"
 
 
@@ -219,7 +220,8 @@ def run(args: Any) -> None:
     launch.init_rank(args, backend=args.backend, timeout=args.timeout)
     import torch.distributed as dist
 
-    from ..groups import lifecycle, participants
+    from ..groups import lifecycle
+    from ..groups.store import channel
     from ..groups.world import registration
 
     # On gloo, treat gloo as the accelerator so that WORLD takes part in every cycle too.
@@ -254,7 +256,7 @@ def run(args: Any) -> None:
         in_place = lifecycle.reloadable_groups() and all(
             type(g) is torch.distributed.ProcessGroup for g in lifecycle.reloadable_groups()
         )
-        registered = participants.registration()
+        registered = channel.registration()
         world = registered.record if registered is not None else None
         asleep = world is not None and world.way.suspends
         if left != 1 and not in_place and not asleep:  # torch keeps in-place/suspended groups

@@ -13,7 +13,7 @@ One module per step, each with its plan and the programs its ranks run: ``prefli
 runs), ``nccl`` (NCCL's library and its suspend API, raw) and ``workload`` (collectives that
 fill and check groups). ``common`` holds the names and limits of both sides.
 
-Not the shipped package's: the rehearsal loads ``tests/support/suspendable.py`` from the
-checkout, and the script runs from it, against the package installed where site runs its
-``.pth``.
+Not the shipped package's: the script runs from the checkout, against the package installed
+where site runs its ``.pth``; the rehearsal uses that package's CPU model of NCCL's suspend
+(``reloadpg_autopatch.tools.cpu_nccl``).
 """

@@ -8,14 +8,14 @@ record as it arrives, so a rank killed midway keeps what it said; ``check`` verd
 from __future__ import annotations
 
 import datetime
-import importlib.util
+import importlib
 import json
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .common import HOST, ROOT, TAG, error_line
+from .common import HOST, TAG, error_line
 
 
 @dataclass
@@ -59,20 +59,9 @@ def check(name: str, ok: bool | None, detail: str) -> bool:
 
 
 def load_stand_in() -> Any:
-    """``tests/support/suspendable.py`` (NCCL's suspend protocol on gloo), loaded by its path."""
-    name = "gpu_smoke_suspendable"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = ROOT / "tests" / "support" / "suspendable.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"no {path}: the rehearsal needs the repository's stand-in")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The package's CPU model of NCCL's suspend (``reloadpg_autopatch.tools.cpu_nccl``, NCCL's
+    protocol on gloo); importing it registers its backends."""
+    return importlib.import_module("reloadpg_autopatch.tools.cpu_nccl")
 
 
 def rank_device(ctx: Ctx) -> Any:
@@ -100,7 +89,7 @@ def activation() -> dict[str, Any]:
     """Whether the ``.pth`` activated the package in this process (before torch is touched)."""
     try:
         import reloadpg_autopatch as rpg
-        from reloadpg_autopatch._startup import bootstrap
+        import reloadpg_autopatch._startup as bootstrap
     except Exception as error:
         return {"importable": False, "error": error_line(error), "activated": False}
     status = bootstrap.status()
@@ -121,7 +110,7 @@ def activation() -> dict[str, Any]:
 def implementation_of(ctx: Ctx, group: Any, device: Any) -> dict[str, Any]:
     """Which implementation served ``group`` on ``device`` (the package's reading of what the
     backend answers), what was asked for, and the variable that chose what ``nccl`` means."""
-    from reloadpg_autopatch.groups import implementations
+    from reloadpg_autopatch.tools.doctor import implementations
 
     native = getattr(group, "group", None) or group  # behind the package's wrapper, if any
     try:

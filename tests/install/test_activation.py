@@ -177,7 +177,7 @@ def test_start_file_entry_point_resolves_and_activates(installed) -> None:
         "'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__')}))\n"
     )
     result = installed.script(source)  # gate off at start-up: only the entry point activates
-    assert result["entry"] == "reloadpg_autopatch._startup.bootstrap:activate_from_site"
+    assert result["entry"] == "reloadpg_autopatch._startup:activate_from_site"
     assert result["patched"]
 
 
@@ -290,7 +290,7 @@ def test_a_huge_rebind_value_is_cut_in_its_one_line_report(installed) -> None:
 def test_the_issues_128_kb_gate_value_is_cut_in_the_message() -> None:
     # 131072 characters exactly, as in the issue: too long for an environment string on Linux,
     # so the message is built in this process, by what the start-up line calls.
-    from reloadpg_autopatch._startup import bootstrap
+    import reloadpg_autopatch._startup as bootstrap
 
     on, problem = bootstrap.gate_verdict("x" * 131072)
     assert on is False

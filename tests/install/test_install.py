@@ -47,7 +47,7 @@ def check_installed(venv: Venv) -> None:
     on = venv.script(PROBE, SLIME_RELOADABLE_PG="1")
     assert on["patched"]
     assert on["wrapped_original"] == "torch.distributed.distributed_c10d"
-    assert "reloadpg_autopatch._startup.bootstrap" in on["at_start"]
+    assert "reloadpg_autopatch._startup" in on["at_start"]
     assert on["torch_at_start"] == []
     assert reported(on["_stderr"]) == [], on["_stderr"]
 
@@ -201,12 +201,12 @@ def test_wheel_installs_and_starts_up_without_torch(built, tmp_path) -> None:
 
     on = venv.script(NO_TORCH_PROBE, SLIME_RELOADABLE_PG="1")
     # Only the start-up layer: the package, the vocabulary of the environment (it imports
-    # nothing), _startup, its bootstrap and the hook it installed.
+    # nothing), _startup and the hook it installed; with the gate alone set, nothing that
+    # reports other variables' values (``problems``).
     assert on["at_start"] == [
         "reloadpg_autopatch",
         "reloadpg_autopatch._env",
         "reloadpg_autopatch._startup",
-        "reloadpg_autopatch._startup.bootstrap",
         "reloadpg_autopatch._startup.finder",
     ]
     # The finder waiting for torch.distributed, and the watcher of the frameworks' modules.

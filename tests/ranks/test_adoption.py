@@ -21,11 +21,11 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from tests.support import actors
 from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -33,15 +33,6 @@ pytestmark = pytest.mark.timeout(240)
 DEADLINE = 120.0
 ADOPT = "SLIME_RELOADABLE_PG_ADOPT"
 MODE = "SLIME_RELOADABLE_PG_MODE"
-#: Steps each program runs (two destroy/reload pairs each, after the first destroy of init).
-STEPS = 2
-#: Destroys and reloads the package sees: init's sleep, then two of each per step.
-DESTROYS, RELOADS = 1 + 2 * STEPS, 2 * STEPS
-#: A WORLD backend that holds "accelerator" memory on CPU: a gloo leg for the CPU and, for the
-#: cuda device, a backend torch is told serves only cuda, as it is told of NCCL. The package
-#: swaps such a WORLD for a temporary gloo WORLD on destroy, as it swaps an NCCL WORLD.
-ACCEL_LEG = "cpuaccel"
-ACCEL_WORLD = f"cpu:gloo,cuda:{ACCEL_LEG}"
 
 _RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
 
@@ -63,92 +54,6 @@ def _run(fn: Any, n: int = 3, **env: str) -> list[Any]:
     return value
 
 
-# ---- what every rank shares -----------------------------------------------------------------
-
-
-def _args(ctx: Rank, backend: str = "gloo") -> SimpleNamespace:
-    """The actor's arguments, and WORLD's address in the environment, as Ray's actor has it."""
-    os.environ.update(
-        MASTER_ADDR=ctx.host,
-        MASTER_PORT=str(ctx.port),
-        RANK=str(ctx.rank),
-        WORLD_SIZE=str(ctx.world_size),
-    )
-    return SimpleNamespace(
-        distributed_backend=backend, distributed_timeout_minutes=1, offload_train=True
-    )
-
-
-def _accelerator_world() -> str:
-    """Register ``cpuaccel`` (a gloo backend torch is told serves only cuda); WORLD's backend."""
-    import torch.distributed as dist
-
-    def create(store: Any, rank: int, size: int, timeout: Any) -> Any:
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
-
-    dist.Backend.register_backend(ACCEL_LEG, create, devices=["cuda"])
-    return ACCEL_WORLD
-
-
-def _outcome(call: Any) -> tuple[str, Any]:
-    try:
-        return ("no error", call())
-    except Exception as error:
-        return (type(error).__name__, str(error))
-
-
-def _misroute(ctx: Rank, pair: Any) -> dict[str, Any]:
-    """Ranks 0 and 1 run a collective on the destroyed group of ranks [0, 1]; then every rank
-    sums ``rank + 1`` over WORLD. Had the first call run on WORLD, rank 2's WORLD call would
-    have been its partner (ranks 0 and 1 then skip theirs, so a misroute fails fast)."""
-    import torch
-    import torch.distributed as dist
-
-    out: dict[str, Any] = {}
-    ran_on_world = False
-    if ctx.rank in (0, 1):
-        t = torch.tensor([float(ctx.rank + 1)])
-        out["pair"] = _outcome(lambda: dist.all_reduce(t, group=pair))
-        out["tensor"] = t.item()
-        ran_on_world = out["pair"][0] == "no error"
-    if not ran_on_world:
-        t = torch.tensor([float(ctx.rank + 1)])
-        dist.all_reduce(t)
-        out["world"] = t.item()
-    return out
-
-
-def _steps(actor: Any, miles: bool = False) -> list[Any]:
-    out = []
-    for step in range(STEPS):
-        trained = actor.train(step)
-        if miles:
-            actor.offload()
-        out.append((trained, actor.update_weights()))
-    return out
-
-
-def _doctor() -> dict[str, Any]:
-    from reloadpg_autopatch.tools import doctor
-
-    report = doctor.diagnose()
-    lines = doctor.render(report).splitlines()
-    return {
-        "adoption": report.adoption,
-        "lines": [
-            line
-            for line in lines
-            if "adopt" in line or "lifecycle" in line or line.startswith("  left alone")
-        ],
-        "problems": report.problems,
-    }
-
-
-#: What each step gives: train sums ``rank + 1`` over every rank (6), then over [0, 1] on
-#: those ranks (12); the weight transfer broadcasts rank 0's ``100``.
-STEP_RESULTS = {0: (12.0, 100.0), 1: (12.0, 100.0), 2: (6.0, 100.0)}
-
-
 # ---- 1. slime, the default mode: the package's lifecycle runs -------------------------------
 
 
@@ -159,7 +64,7 @@ def _slime_default(ctx: Rank) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    backend = _accelerator_world()
+    backend = actors.accelerator_world()
     from slime.backends.megatron_utils import actor as actor_module
     from slime.utils import distributed_utils
     from slime.utils import reloadable_process_group as rpg
@@ -167,10 +72,10 @@ def _slime_default(ctx: Rank) -> dict[str, Any]:
     import reloadpg_autopatch as pkg  # the test's oracle: the program below never calls it
 
     actor = actor_module.MegatronTrainRayActor()
-    actor.init(_args(ctx, backend))
+    actor.init(actors.args(ctx, backend))
     world = dist.group.WORLD
     gloo = distributed_utils.get_gloo_group()
-    out: dict[str, Any] = {"steps": _steps(actor)}
+    out: dict[str, Any] = {"steps": actors.steps(actor)}
     report = pkg.last_cycle_report()
     out.update(
         world_one_object=dist.group.WORLD is world and c10d._get_default_group() is world,
@@ -196,12 +101,12 @@ def _slime_default(ctx: Rank) -> dict[str, Any]:
     actor.wake_up()
     listed = [pkg.reloadable_groups()]
     if ctx.rank == 0:
-        out["doctor"] = _doctor()
+        out["doctor"] = actors.doctor_on_adoption()
     actor.sleep()
     listed.append(pkg.reloadable_groups())
     out["world_listed"] = [any(g is dist.group.WORLD for g in groups) for groups in listed]
     out["pair_listed"] = [any(g is actor.pair for g in groups) for groups in listed]
-    out["misroute"] = _misroute(ctx, actor.pair)
+    out["misroute"] = actors.misroute(ctx, actor.pair)
     return out
 
 
@@ -213,7 +118,7 @@ def test_slime_default_mode_runs_the_packages_lifecycle() -> None:
     as slime's patch sets it), both pairs of each step work, and WORLD (on an
     accelerator-like backend, swapped on every destroy) stays one object."""
     for rank, out in enumerate(_run(_slime_default)):
-        assert out["steps"] == [STEP_RESULTS[rank]] * STEPS, rank
+        assert out["steps"] == [actors.STEP_RESULTS[rank]] * actors.STEPS, rank
         assert out["their_calls"] == [], out["their_calls"]
         assert out["their_groups"] == 0
         assert out["their_patch_ran"] is False
@@ -222,7 +127,7 @@ def test_slime_default_mode_runs_the_packages_lifecycle() -> None:
         assert out["actor_names"] == dict.fromkeys(out["actor_names"], True), out["actor_names"]
         if rank < 2:  # rank 2 holds torch's NON_GROUP_MEMBER for it
             assert out["pair_type"] == "ReloadableProcessGroup"
-        assert out["cycle"] == DESTROYS
+        assert out["cycle"] == actors.DESTROYS
         assert out["world_one_object"] is True
         assert out["world_swapped_while_asleep"] == "ReloadableProcessGroup"  # the stand-in
 
@@ -244,7 +149,7 @@ def test_slime_gloo_group_survives_world_swaps() -> None:
     ``update_weights`` broadcasts rank 0's plan over it and checks what arrived)."""
     for rank, out in enumerate(_run(_slime_default)):
         assert out["gloo_same"] is True
-        assert out["steps"] == [STEP_RESULTS[rank]] * STEPS
+        assert out["steps"] == [actors.STEP_RESULTS[rank]] * actors.STEPS
 
 
 def test_slime_destroyed_group_raises_and_never_runs_on_world_when_adopted() -> None:
@@ -302,8 +207,8 @@ def _slime_kept(ctx: Rank) -> dict[str, Any]:
     import reloadpg_autopatch as pkg
 
     actor = actor_module.MegatronTrainRayActor()
-    actor.init(_args(ctx))
-    out: dict[str, Any] = {"steps": _steps(actor)}
+    actor.init(actors.args(ctx))
+    out: dict[str, Any] = {"steps": actors.steps(actor)}
     mine = rpg.ReloadableProcessGroup.GROUPS.get(os.getpid(), [])
     out.update(
         their_calls=list(rpg.calls),
@@ -314,12 +219,12 @@ def _slime_kept(ctx: Rank) -> dict[str, Any]:
         and rpg.destroy_process_groups is not pkg.destroy_process_groups,
         package_cycles=pkg.last_cycle_report(),
     )
-    out["misroute"] = _misroute(ctx, actor.pair)
+    out["misroute"] = actors.misroute(ctx, actor.pair)
     # slime's own test of the module, run as it is written there: destroy, then reload.
     rpg.reload_process_groups()
     out["reloaded_live"] = all(g.group is not None for g in mine)
     if ctx.rank == 0:
-        out["doctor"] = _doctor()
+        out["doctor"] = actors.doctor_on_adoption()
     dist.barrier()
     return out
 
@@ -330,10 +235,10 @@ def test_adopt_0_keeps_slimes_own_lifecycle() -> None:
     ``.group`` is None after its destroy, the package's lifecycle never ran, and both pairs of
     each step work."""
     for rank, out in enumerate(_run(_slime_kept, **{ADOPT: "0", MODE: "auto"})):
-        assert out["steps"] == [STEP_RESULTS[rank]] * STEPS, rank
+        assert out["steps"] == [actors.STEP_RESULTS[rank]] * actors.STEPS, rank
         calls = out["their_calls"]
-        assert calls.count("destroy_process_groups") == DESTROYS, calls
-        assert calls.count("reload_process_groups") == RELOADS, calls
+        assert calls.count("destroy_process_groups") == actors.DESTROYS, calls
+        assert calls.count("reload_process_groups") == actors.RELOADS, calls
         assert calls[:2] == ["monkey_patch_torch_dist", "register_default_process_group"]
         # registered: every group is slime's (pair, three singletons, all), on every rank
         assert out["their_groups"] == 5
@@ -385,17 +290,17 @@ def test_doctor_says_slime_keeps_its_lifecycle_and_that_its_mode_would_never_run
 
 
 def _slime_suspend(ctx: Rank) -> dict[str, Any]:
+    from reloadpg_autopatch.tools import cpu_nccl as s
     from tests.support import frameworks
-    from tests.support import suspendable as s
 
     frameworks.on_path()
     from slime.backends.megatron_utils import actor as actor_module
     from slime.utils import reloadable_process_group as rpg
 
     actor = actor_module.MegatronTrainRayActor()
-    actor.init(_args(ctx, s.NAME_A))
+    actor.init(actors.args(ctx, s.NAME_A))
     made = s.creations()
-    out: dict[str, Any] = {"steps": _steps(actor)}
+    out: dict[str, Any] = {"steps": actors.steps(actor)}
     out.update(
         creations=s.creations() - made,
         lifecycle={
@@ -416,7 +321,7 @@ def _misroute_asleep(ctx: Rank, pair: Any) -> Any:
     if ctx.rank not in (0, 1):
         return None
     t = torch.tensor([1.0])
-    return _outcome(lambda: dist.all_reduce(t, group=pair))
+    return actors.outcome(lambda: dist.all_reduce(t, group=pair))
 
 
 def test_slime_suspend_mode_suspends_each_group_once_per_cycle_and_creates_nothing() -> None:
@@ -425,9 +330,9 @@ def test_slime_suspend_mode_suspends_each_group_once_per_cycle_and_creates_nothi
     resumed once per cycle (the stand-in's call log), the stand-in's creator never runs again
     after ``init``, slime's class holds no group, and a collective on a sleeping group raises
     ``GroupSuspendedError``."""
-    expected = ["suspend", "resume"] * RELOADS + ["suspend"]
+    expected = ["suspend", "resume"] * actors.RELOADS + ["suspend"]
     for rank, out in enumerate(_run(_slime_suspend, **{MODE: "suspend"})):
-        assert out["steps"] == [STEP_RESULTS[rank]] * STEPS, rank
+        assert out["steps"] == [actors.STEP_RESULTS[rank]] * actors.STEPS, rank
         assert out["creations"] == 0, out["creations"]
         cycled = [ops for ops in out["lifecycle"].values() if ops]
         assert cycled == [expected] * (3 if rank < 2 else 2), out["lifecycle"]
@@ -453,9 +358,9 @@ def _miles(ctx: Rank) -> dict[str, Any]:
     import reloadpg_autopatch as pkg
 
     actor = actor_module.MegatronTrainRayActor()
-    actor.init(_args(ctx, _accelerator_world()))
+    actor.init(actors.args(ctx, actors.accelerator_world()))
     out: dict[str, Any] = {"steps": [], "lone_reload": [], "bridge": []}
-    for step in range(STEPS):
+    for step in range(actors.STEPS):
         trained = actor.train(step)
         before = pkg.last_cycle_report()
         actor.wake_up()  # resident: miles still calls reload_process_groups()
@@ -484,13 +389,13 @@ def _miles(ctx: Rank) -> dict[str, Any]:
         and actor_module.reload_process_groups is pkg.reload_process_groups,
         cycle=getattr(pkg.last_cycle_report(), "cycle", None),
     )
-    out["misroute"] = _misroute(ctx, actor.pair)
+    out["misroute"] = actors.misroute(ctx, actor.pair)
     dist.barrier()
     return out
 
 
 #: miles' steps: train sums over all (6) then [0, 1] (12 there); the transfer gives 100.
-MILES_STEPS = STEP_RESULTS
+MILES_STEPS = actors.STEP_RESULTS
 
 
 def test_miles_is_adopted_with_its_guards_and_its_plugin_working() -> None:
@@ -501,9 +406,9 @@ def test_miles_is_adopted_with_its_guards_and_its_plugin_working() -> None:
     object; a collective on the destroyed group of ranks [0, 1] raises there and never runs on
     WORLD; and miles' own lifecycle test (the actor's names monkeypatched) holds."""
     for rank, out in enumerate(_run(_miles)):
-        assert out["steps"] == [MILES_STEPS[rank]] * STEPS, rank
-        assert out["lone_reload"] == [True] * STEPS
-        assert out["bridge"] == [{"from": 0}] * STEPS
+        assert out["steps"] == [MILES_STEPS[rank]] * actors.STEPS, rank
+        assert out["lone_reload"] == [True] * actors.STEPS
+        assert out["bridge"] == [{"from": 0}] * actors.STEPS
         assert out["bridge_group_back"] is True
         assert out["counted"] == [((), {})]
         assert out["their_calls"] == []
@@ -511,7 +416,7 @@ def test_miles_is_adopted_with_its_guards_and_its_plugin_working() -> None:
         assert out["their_class_kept"] is True
         assert out["everyone_is_theirs"] is False
         assert out["names_ours"] is True
-        assert out["cycle"] == DESTROYS
+        assert out["cycle"] == actors.DESTROYS
         misroute = out["misroute"]
         assert misroute["world"] == 6.0, misroute
         if rank < 2:
@@ -531,12 +436,14 @@ def test_a_bad_switch_value_is_one_line_and_miles_keeps_its_own_lifecycle(capfd)
     assert "1, true, yes, on" in lines[0]
     assert "0, false, no, off" in lines[0]
     for rank, out in enumerate(outs):
-        assert out["steps"] == [MILES_STEPS[rank]] * STEPS, rank
-        assert out["their_calls"].count("destroy_process_groups") == DESTROYS, out["their_calls"]
-        assert out["their_calls"].count("reload_process_groups") == RELOADS + STEPS
+        assert out["steps"] == [MILES_STEPS[rank]] * actors.STEPS, rank
+        assert out["their_calls"].count("destroy_process_groups") == actors.DESTROYS, out[
+            "their_calls"
+        ]
+        assert out["their_calls"].count("reload_process_groups") == actors.RELOADS + actors.STEPS
         assert out["their_groups"] == 2  # the pair and all; singletons and gloo stay raw
         assert out["everyone_is_theirs"] is True
-        assert out["bridge"] == [{"from": 0}] * STEPS
+        assert out["bridge"] == [{"from": 0}] * actors.STEPS
         assert out["names_ours"] is False
         assert out["cycle"] is None
         misroute = out["misroute"]
@@ -562,11 +469,13 @@ def _orders(ctx: Rank) -> dict[str, Any]:
     # torch.distributed was patched in the warm parent, with no framework module loaded: the
     # adoption, and the lifecycle it would bring, were left unloaded.
     out: dict[str, Any] = {
-        "loaded_at_start": [
+        "loaded_at_start": sorted(
             name
-            for name in ("reloadpg_autopatch.patching.adopt", "reloadpg_autopatch.groups.lifecycle")
-            if name in sys.modules
-        ]
+            for name in sys.modules
+            if name.startswith(
+                ("reloadpg_autopatch.adoption", "reloadpg_autopatch.groups.lifecycle")
+            )
+        )
     }
     import slime.utils.reloadable_process_group as first
 
@@ -617,6 +526,35 @@ def test_import_orders_and_a_module_the_variable_names() -> None:
         "forkrl": [True, True],
         "forkrl_calls": [],
     }
+
+
+def _before_torch(ctx: Rank) -> dict[str, Any]:
+    from tests.support import frameworks
+
+    frameworks.on_path()
+    out: dict[str, Any] = {"torch_at_start": "torch.distributed" in sys.modules}
+    from forkrl import lazy  # finishes importing before torch.distributed, unpatched
+
+    out["unpatched_after_it"] = "reloadpg_autopatch.patching.patchset" not in sys.modules
+    import torch.distributed  # noqa: F401 - the gate's patch lands here
+
+    import reloadpg_autopatch as pkg
+
+    out["adopted"] = [
+        getattr(lazy, name) is getattr(pkg, name)
+        for name in ("destroy_process_groups", "reload_process_groups")
+    ]
+    return out
+
+
+def test_a_module_imported_before_torch_is_adopted_when_the_gates_patch_lands() -> None:
+    """Gate on: a fork's lifecycle module that imports torch only inside its functions is
+    imported first, before the patch exists; the gate's patch adopts it when it lands, on the
+    first ``import torch.distributed``. Spawned (``fresh=True``): the subject is a process
+    that has not imported torch yet, which a rank forked from the warm parent has."""
+    env = {**GATE, "SLIME_RELOADABLE_PG_ADOPT_MODULES": "forkrl.lazy"}
+    (out,) = run_ranks(_before_torch, 1, timeout=DEADLINE, env=env, fresh=True)
+    assert out == {"torch_at_start": False, "unpatched_after_it": True, "adopted": [True, True]}
 
 
 def _explicit(ctx: Rank) -> dict[str, Any]:
@@ -683,7 +621,7 @@ def _patched_first(ctx: Rank) -> dict[str, Any]:
             getattr(actor, name) is getattr(rpg, name) is not getattr(pkg, name)
             for name in ("destroy_process_groups", "reload_process_groups")
         ],
-        "refused": _outcome(lambda: dist.all_reduce(t, group=destroyed))[0],
+        "refused": actors.outcome(lambda: dist.all_reduce(t, group=destroyed))[0],
     }
 
 

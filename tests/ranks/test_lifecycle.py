@@ -1,11 +1,24 @@
-"""Destroy/reload of subgroups and of WORLD on real gloo ranks."""
+"""The lifecycle's basics: destroy and reload subgroups and WORLD, on real gloo ranks.
+
+Three cycles free and rebuild every subgroup, and swap WORLD out and restore it; a destroyed
+group raises a clear error at once; dropped and released groups are not rebuilt; bad input
+before ``init_process_group`` and the lifecycle's edge cases get clear errors; the wrap policy
+(slime's by default, configurable) decides which groups are wrapped: single-rank accelerator
+groups stay torch's own, and ``none`` only unwraps, in every mode (on the stand-in of
+``reloadpg_autopatch/tools/cpu_nccl``, registered for an accelerator only: no GPU here).
+
+The oracles are torch's: hand-computed collective results, ``_world.pg_map``, the group types
+torch hands out, the stand-in's call log and the exceptions raised.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
+from tests.support import accelerator
 from tests.support.ranks import Rank, errors_of, pg_count, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -262,42 +275,6 @@ def test_dropped_and_released_groups_are_not_rebuilt() -> None:
         assert report["sum"] == 2.0
 
 
-def _fork_probe(ctx: Rank) -> dict:
-    import json
-    import os
-
-    import reloadpg_autopatch
-    from reloadpg_autopatch.groups import registry
-
-    dist = ctx.patched()
-    group = dist.new_group([0])
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report and leave without running the parent's cleanup
-        try:
-            reloadpg_autopatch.destroy_process_groups()  # must not touch the parent's groups
-            view = [len(registry.records()), group.group is not None]
-            os.write(write_end, json.dumps(view).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        child_view = json.loads(pipe.read() or "null")
-    _, status = os.waitpid(pid, 0)
-    return {
-        "child": child_view,
-        "parent_live": group.group is not None,
-        "code": os.waitstatus_to_exitcode(status),
-    }
-
-
-def test_forked_child_never_touches_the_parents_groups() -> None:
-    (report,) = run_ranks(_fork_probe, 1)
-    assert report["child"] == [0, True]
-    assert report["parent_live"]
-    assert report["code"] == 0
-
-
 def _policies(ctx: Rank) -> dict:
     import reloadpg_autopatch
 
@@ -401,7 +378,7 @@ def _edge_cases(ctx: Rank) -> dict:
     out["after_world_destroyed"] = [
         dist.is_initialized(),
         [r.state.value for r in registry.records()],
-        reloadpg_autopatch.groups.participants.is_registered(),
+        reloadpg_autopatch.groups.store.channel.is_registered(),
     ]
     return out
 
@@ -431,3 +408,61 @@ def test_auto_policy_leaves_single_rank_accelerator_groups_native() -> None:
     """slime's rule on a backend torch registers for no CPU device, as it registers nccl."""
     for kinds in run_ranks(_accelerator_policy, 2):
         assert kinds == {"pair": "ReloadableProcessGroup", "single": "ProcessGroup"}
+
+
+# ---- the wrap policy and single-rank groups, in every mode -----------------------------------
+
+
+def _policy_in_every_mode(ctx: Rank) -> dict[str, Any]:
+    torch, dist, rpg, s = accelerator.start(ctx, "wrapper")
+    modes = ["wrapper", "suspend", "auto"] + (["native"] if accelerator.ON_214 else [])
+    groups: dict[str, Any] = {}
+    for mode in modes:
+        rpg.set_reload_mode(mode)
+        rpg.set_wrap_policy("none")
+        groups[f"{mode} none standin"] = dist.new_group([0, 1], backend=s.NAME_A)
+        groups[f"{mode} none gloo"] = dist.new_group([0, 1])
+        # One the default rule would wrap: its backend serves an accelerator only.
+        groups[f"{mode} none accelerator"] = dist.new_group([0, 1], backend=accelerator.ACCEL)
+        rpg.set_wrap_policy("auto")
+        singles = [dist.new_group([r], backend=s.NAME_A) for r in range(2)]
+        groups[f"{mode} single standin"] = singles[ctx.rank]
+        gloo_singles = [dist.new_group([r]) for r in range(2)]
+        groups[f"{mode} single gloo"] = gloo_singles[ctx.rank]
+    native = torch._C._distributed_c10d.ProcessGroup
+    out: dict[str, Any] = {"types": {k: type(g) is native for k, g in groups.items()}}
+    ids = {k: id(g) for k, g in groups.items()}
+    calls = len(s.CALLS)
+    for mode in modes:
+        rpg.set_reload_mode(mode)
+        rpg.destroy_process_groups()
+        rpg.reload_process_groups()
+    out["lifecycle calls"] = [c.op for c in s.CALLS[calls:] if c.op in ("suspend", "resume")]
+    out["same objects in torch's map"] = all(
+        any(id(g) == ids[k] for g in dist.distributed_c10d._world.pg_map) for k in groups
+    )
+    out["sums"] = {  # an accelerator-only group takes no CPU tensor
+        k: accelerator.rank_sum(dist, torch, ctx.rank, g)
+        for k, g in groups.items()
+        if "single" not in k and "accelerator" not in k
+    }
+    out["single sums"] = {
+        k: accelerator.rank_sum(dist, torch, ctx.rank, g)
+        for k, g in groups.items()
+        if "single" in k
+    }
+    return out
+
+
+def test_policy_none_only_unwraps_and_single_rank_groups_stay_native_in_every_mode() -> None:
+    """In every mode, ``set_wrap_policy("none")`` leaves every group torch's own (the patch
+    only unwraps), one on an accelerator-only backend too, and under the default policy a
+    single-rank group stays torch's own even on a backend that can suspend: no cycle
+    suspends, resumes or re-creates any of them (the stand-in's log, torch's map holds the
+    very same objects), and each gives torch's sums."""
+    for rank, out in enumerate(accelerator.run_once(_policy_in_every_mode)):
+        assert all(out["types"].values()), (rank, out["types"])
+        assert out["lifecycle calls"] == [], (rank, out["lifecycle calls"])
+        assert out["same objects in torch's map"]
+        assert set(out["sums"].values()) == {3.0}, out["sums"]
+        assert set(out["single sums"].values()) == {float(rank + 1)}, out["single sums"]

@@ -197,7 +197,7 @@ def _threads(n: int, body) -> dict[int, object]:
 
 @pytest.mark.timeout(60)
 def test_agree_gives_every_rank_the_same_answer_despite_skewed_arrival() -> None:
-    from reloadpg_autopatch.groups import rendezvous
+    from reloadpg_autopatch.groups.store import rounds
 
     server = _server()
     n = 6
@@ -206,9 +206,9 @@ def test_agree_gives_every_rank_the_same_answer_despite_skewed_arrival() -> None
         store = _client(server.port)
         time.sleep(0.05 * rank)  # rank 5 arrives a quarter second after rank 0
         arrived = time.monotonic()
-        rendezvous.sync(store, "t/0/sync", rank, n, timeout=10, step="test: sync")
+        rounds.sync(store, "t/0/sync", rank, n, timeout=10, step="test: sync")
         synced = (arrived, time.monotonic())
-        answer = rendezvous.agree(
+        answer = rounds.agree(
             store,
             "t/0/agree",
             rank,
@@ -218,7 +218,7 @@ def test_agree_gives_every_rank_the_same_answer_despite_skewed_arrival() -> None
             timeout=10,
             step="test: agree",
         )
-        handles = rendezvous.exchange(
+        handles = rounds.exchange(
             store, "t/0/h", rank, n, bytes([rank]) * rank, timeout=10, step="h"
         )
         return answer, synced, handles
@@ -234,7 +234,7 @@ def test_agree_gives_every_rank_the_same_answer_despite_skewed_arrival() -> None
 
 @pytest.mark.timeout(60)
 def test_a_rank_that_never_arrives_is_named_within_the_timeout() -> None:
-    from reloadpg_autopatch.groups import rendezvous, stalled
+    from reloadpg_autopatch.groups.store import rounds, stalled
 
     server = _server()
     n, absent, timeout = 4, 2, 1.5
@@ -244,7 +244,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout() -> None:
         started = time.monotonic()
         try:
             if rank % 2:  # a sync whose ranks read a token: the round's end wakes them
-                rendezvous.sync(
+                rounds.sync(
                     store,
                     "reloadpg_autopatch/3/7/sync/reload",
                     rank,
@@ -254,7 +254,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout() -> None:
                     token=True,
                 )
             else:
-                rendezvous.agree(
+                rounds.agree(
                     store,
                     "reloadpg_autopatch/3/7/sync/reload",
                     rank,
@@ -273,7 +273,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout() -> None:
         if rank == absent:
             continue
         error, elapsed = outcome
-        assert isinstance(error, rendezvous.RendezvousError), (rank, outcome)
+        assert isinstance(error, rounds.RendezvousError), (rank, outcome)
         text = str(error)
         assert "ranks 2" in text, text
         assert "cycle 3, step 7" in text, text  # the key's cycle and step, which every rank shares
@@ -289,14 +289,14 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout() -> None:
 def test_a_store_that_goes_away_is_reported_with_the_step() -> None:
     import torch.distributed as dist
 
-    from reloadpg_autopatch.groups import rendezvous
+    from reloadpg_autopatch.groups.store import rounds
 
     server = _server()
     store = dist.TCPStore(HOST, server.port, 1, is_master=False, timeout=timedelta(seconds=2))
     del server  # the rank hosting the store died
     time.sleep(0.2)
-    with pytest.raises(rendezvous.RendezvousError) as caught:
-        rendezvous.sync(
+    with pytest.raises(rounds.RendezvousError) as caught:
+        rounds.sync(
             store, "k", 0, 2, timeout=2, step="destroy: sync", cycle="epoch 0, generation 1"
         )
     text = str(caught.value)

@@ -103,13 +103,15 @@ def _counting(inner: Any) -> Any:
 def _split(log: list[tuple[str, str]]) -> dict[str, int]:
     """One cycle's operations: the package's (``ours``), the last arrivers' share of them
     (``last``), listings, and the rounds this rank arrived at."""
-    out = {"ours": 0, "last": 0, "listings": 0, "rounds": 0}
+    out = {"ours": 0, "last": 0, "listings": 0, "rounds": 0, "exchanges": 0}
     for op, key in log:
         if op != "delete_key" and _TORCHS.search(key):
             continue  # torch creating or reconfiguring a group
         out["ours"] += 1
         out["listings"] += op == "list_keys"
         out["rounds"] += op == "append" and key.endswith("/arrived")
+        # an exchange of handles (in place): its last reader deletes the result and the count
+        out["exchanges"] += op == "append" and key.endswith("/arrived") and "/handle/" in key
         # reading the entries (a read through torch's PrefixStore may be a compare_set)
         reads = op in ("get", "compare_set", "multi_get") and key.endswith("/arrived")
         last = reads or (op == "set" and key.endswith("/done"))
@@ -126,7 +128,7 @@ def _cycles(ctx: Rank) -> list[dict[str, int]]:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable
+    from reloadpg_autopatch.tools import cpu_nccl as suspendable
 
     setup = os.environ["OPS_TEST_SETUP"]
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
@@ -183,7 +185,9 @@ def test_every_ranks_store_operations_per_cycle_are_flat_from_2_to_8_ranks(setup
     less what the last arriver of each round adds, span the same values at 8 ranks as at 2
     (rank 0 included: no rank pays for the world); no rank lists the store; a last arriver
     adds at most 5 per round it arrived at (it reads the entries, publishes the result and
-    deletes 2 or 3 keys). 3 to 6 s a setup here: 2 and 8 forked ranks, 3 cycles each."""
+    deletes 2 or 3 keys), and one more in an exchange of handles, whose last reader (maybe the
+    same rank) deletes the result and the count of reads. 3 to 6 s a setup here: 2 and 8
+    forked ranks, 3 cycles each."""
     env = {
         **GATE,
         "SLIME_RELOADABLE_PG_MODE": MODES.get(setup, setup),
@@ -197,7 +201,7 @@ def test_every_ranks_store_operations_per_cycle_are_flat_from_2_to_8_ranks(setup
         steady = [cycle for rank in ranks for cycle in rank[1:]]
         assert [c["listings"] for c in steady] == [0] * len(steady), (n, ranks)
         for cycle in steady:
-            assert cycle["last"] <= 5 * cycle["rounds"], (n, ranks)
+            assert cycle["last"] <= 5 * cycle["rounds"] + cycle["exchanges"], (n, ranks)
         base = [c["ours"] - c["last"] for c in steady]
         spans[n] = (min(base), max(base))
         rank0 = [c["ours"] - c["last"] for c in ranks[0][1:]]

@@ -2,157 +2,41 @@
 
 ``SLIME_RELOADABLE_PG_MODE=suspend`` (or ``set_reload_mode("suspend")``) makes
 ``destroy_process_groups()`` call each suspendable backend's ``suspend()`` and
-``reload_process_groups()`` its ``resume()``, guarding every sleeping group in between. No GPU
-exists here, so the backend is the stand-in of ``tests/support/suspendable.py`` (NCCL's protocol on
-gloo; ``docs/suspend-facts.md``): variant A (``"suspendable"``, both lanes) and, on torch 2.14,
-variant B (``"suspendable_py"``), which also receives every collective in Python and logs it.
+``reload_process_groups()`` its ``resume()``, guarding every sleeping group in between. Here:
+every path into torch's dispatcher is refused while asleep (WORLD and ``new_group`` on its
+backend too) and works after; every object and map entry stays and nothing is created, for
+members and non-members alike; gloo groups and a gloo WORLD stay awake and untouched, and a
+mixed group refuses only its sleeping accelerator leg; a sleeping group still answers its local
+calls; the suspends and resumes run in creation order, WORLD first; on torch 2.14 every group
+stays torch's own object. The other suspend files: ``test_suspend_store`` (store traffic),
+``test_suspend_refusals`` (what suspend refuses, and the agreement), ``test_suspend_memory``
+(preflight, report, pools), ``test_suspend_steps`` (failures, releases, fork, threads),
+``test_suspend_nccl2`` (torch 2.15's nccl2) and ``test_suspend_cpu_model`` (the stand-in
+itself); the watchdog is ``test_faults_watchdog``.
 
-Every case runs on gloo ranks that the gate alone activated (``tests/support/ranks.py``).
-The oracles are outside the package: torch's own results and objects (``id()``, ``_world``'s
-maps, ``dist.group.WORLD``), the stand-in's call log (what reached the backend, in which
-order, in which state), its creation count, its pretend device's free bytes, a counting
-``Store`` between torch and the TCPStore, the exit status and stderr of ranks run as plain
-subprocesses, and the exception each call raises. A hang is a failure: every run has a
-deadline, and the watchdog's own timeout (``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT``) is kept short
-so that a rank stuck in a suspend barrier ends within seconds instead of 30 minutes.
-
-Several tests read one run (``_ranks`` keeps each run's result for the session), so that a
-promise has a test of its own without paying for one more set of interpreters.
+No GPU exists here, so the backend is the stand-in of ``reloadpg_autopatch/tools/cpu_nccl``
+(NCCL's protocol on gloo; ``docs/suspend-facts.md``): variant A (``"suspendable"``, both lanes)
+and, on torch 2.14, variant B (``"suspendable_py"``), which also receives every collective in
+Python and logs it. Every case runs on gloo ranks that the gate alone activated
+(``tests/support/suspend_ranks.py``, whose ``run_once`` lets several tests read one run). The
+oracles are outside the package: torch's own results and objects (``id()``, ``_world``'s maps,
+``dist.group.WORLD``), the stand-in's call log (what reached the backend, in which order, in
+which state), its creation count, and the exception each call raises.
 """
 
 from __future__ import annotations
 
-import collections
 import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import PROGRAMS, ROOT, suspendable
-from tests.support.ranks import GATE, HOST, Rank, RankFailure, run_ranks
+from tests.support import suspend_ranks
+from tests.support.ranks import Rank
 
 pytestmark = pytest.mark.timeout(300)
 
-#: The watchdog's timeout in the ranks: a rank left alone in a suspend barrier ends this soon.
-WATCHDOG_S = "15"
-#: A run's deadline.
-DEADLINE = 150.0
-MiB = 2**20
-GiB = 2**30
-
-B_AVAILABLE = suspendable.python_backend_available()
-ON_214 = B_AVAILABLE  # torch 2.14: pre-hooks and Python backends; 2.13: neither
-needs_b = pytest.mark.skipif(not B_AVAILABLE, reason=suspendable.PYTHON_BACKEND_REASON)
-VARIANTS = [
-    pytest.param(suspendable.NAME_A, id="A"),
-    pytest.param(suspendable.NAME_B, id="B", marks=needs_b),
-]
-
-_RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
-
-
-def _ranks(fn: Any, n: int = 2, *, timeout: float = DEADLINE, **env: str) -> list[Any]:
-    """``run_ranks(fn, n)`` with the gate on, once per session for the same arguments."""
-    key = (fn.__name__, n, tuple(sorted(env.items())))
-    if key not in _RUNS:
-        full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": WATCHDOG_S, **env}
-        try:
-            _RUNS[key] = (True, run_ranks(fn, n, timeout=timeout, env=full))
-        except RankFailure as error:
-            _RUNS[key] = (False, error)
-    ok, value = _RUNS[key]
-    if not ok:
-        raise value
-    return value
-
-
-# ---- what every rank shares -----------------------------------------------------------------
-
-
-def _start(
-    ctx: Rank,
-    *,
-    mode: str = "suspend",
-    world: str = "gloo",
-    register: bool = False,
-    policy: str | None = None,
-    margin_gb: float = 0.0,
-    timeout: float = 30.0,
-) -> tuple[Any, Any, Any, Any]:
-    """Join WORLD on ``world`` in ``mode``; return (torch, torch.distributed, the package,
-    the stand-in module). The pretend device answers the package's memory queries."""
-    import warnings
-
-    import torch
-    import torch.distributed as dist
-
-    import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
-
-    warnings.simplefilter("ignore", FutureWarning)
-    assert rpg.is_patched(), "the gate did not patch this rank at start-up"
-    s.register()
-    rpg.set_reload_mode(mode)
-    if policy is not None:
-        rpg.set_wrap_policy(policy)
-    rpg.set_memory_probe(s.memory_probe, device_types=("cpu", s.ACCELERATOR))
-    rpg.set_memory_guard(margin_gb)
-    ctx.init(backend=world, timeout=timeout)
-    if register:
-        rpg.register_default_process_group()
-    return torch, dist, rpg, s
-
-
-def _leg() -> str:
-    """The stand-in whose collectives reach Python where it exists (2.14), else variant A."""
-    from tests.support import suspendable as s
-
-    return s.NAME_B if s.python_backend_available() else s.NAME_A
-
-
-def _outcome(call: Any) -> tuple[str, Any]:
-    """``("ok", result)`` or ``(exception class name, message)``."""
-    try:
-        return ("ok", call())
-    except Exception as error:
-        return (type(error).__name__, str(error))
-
-
-def _backend(group: Any) -> Any:
-    import torch
-
-    return group._get_backend(torch.device("cpu"))
-
-
-def _sum(dist: Any, torch: Any, rank: int, group: Any = None) -> float:
-    t = torch.tensor([float(rank + 1)])
-    dist.all_reduce(t, group=group)
-    return t.item()
-
-
-def _log(s: Any, since: int = 0, *, stats: bool = False) -> list[tuple[str, str, str, str]]:
-    """The stand-in's call log from ``since``: (backend, op, state, outcome)."""
-    return [
-        (c.backend, c.op, c.state, c.outcome)
-        for c in s.CALLS[since:]
-        if stats or c.op != "memory_stats"
-    ]
-
-
-def _is_suspended_error(kind: str, text: str, *names: str) -> bool:
-    return (
-        kind == "GroupSuspendedError"
-        and "reload_process_groups()" in text
-        and all(n in text for n in names)
-    )
-
-
-# ---- 1. every dispatcher path refused while asleep, and working after --------------------------
+# ---- every dispatcher path refused while asleep, and working after --------------------------
 
 
 def _dispatch_table(torch: Any, dist: Any, group: Any, rank: int, returned: list[str]) -> dict:
@@ -342,7 +226,7 @@ EXPECTED = {
 
 def _dispatch(ctx: Rank) -> dict[str, Any]:
     leg = os.environ["SUSPEND_TEST_LEG"]
-    torch, dist, rpg, s = _start(ctx, world=leg, register=True)
+    torch, dist, rpg, s = suspend_ranks.start(ctx, world=leg, register=True)
     world_before = dist.group.WORLD
     tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
     out: dict[str, Any] = {"awake": {}, "asleep": {}, "after": {}, "returned": []}
@@ -351,37 +235,45 @@ def _dispatch(ctx: Rank) -> dict[str, Any]:
         "WORLD": _dispatch_table(torch, dist, None, ctx.rank, out["returned"]),
     }
     for where, table in tables.items():
-        out["awake"][where] = {name: _outcome(call) for name, call in table.items()}
+        out["awake"][where] = {name: suspend_ranks.outcome(call) for name, call in table.items()}
     rpg.destroy_process_groups()
     out["returned"].clear()
     seen = len(s.collectives())
     for where, table in tables.items():
-        out["asleep"][where] = {name: _outcome(call) for name, call in table.items()}
+        out["asleep"][where] = {name: suspend_ranks.outcome(call) for name, call in table.items()}
     out["returned_asleep"] = list(out["returned"])
     out["stats_asleep"] = {b.label: b.state for b in s.backends(leg)}
     out["reached_backend_asleep"] = [(c.backend, c.op, c.outcome) for c in s.collectives()[seen:]]
     # A new group while WORLD sleeps: its communicator would be split from WORLD's (nccl2
     # does so at creation, no hook sees it), so it is refused; a gloo group is not.
-    out["new_group"] = _outcome(lambda: dist.new_group([0, 1], group_desc="made-asleep"))
-    gloo = _outcome(lambda: dist.new_group([0, 1], backend="gloo", group_desc="cpu-asleep"))
-    out["gloo_sum"] = _outcome(lambda: _sum(dist, torch, ctx.rank, gloo[1]))
-    out["world_after_new_group"] = _outcome(lambda: _sum(dist, torch, ctx.rank))
+    out["new_group"] = suspend_ranks.outcome(
+        lambda: dist.new_group([0, 1], group_desc="made-asleep")
+    )
+    gloo = suspend_ranks.outcome(
+        lambda: dist.new_group([0, 1], backend="gloo", group_desc="cpu-asleep")
+    )
+    out["gloo_sum"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, gloo[1])
+    )
+    out["world_after_new_group"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank)
+    )
     rpg.reload_process_groups()
     out["returned"].clear()
     for where, table in tables.items():
-        out["after"][where] = {name: _outcome(call) for name, call in table.items()}
+        out["after"][where] = {name: suspend_ranks.outcome(call) for name, call in table.items()}
     out["refused_ever"] = [(c.backend, c.op) for c in s.collectives(refused=True)]
     out["world_same"] = dist.group.WORLD is world_before
     return out
 
 
-@pytest.mark.parametrize("leg", VARIANTS)
+@pytest.mark.parametrize("leg", suspend_ranks.VARIANTS)
 def test_every_dispatcher_path_is_refused_while_asleep_and_works_after(leg: str) -> None:
     """WORLD (registered, on the stand-in) and a group on it sleep: every path into torch's
     dispatcher raises ``GroupSuspendedError`` at the call itself (also async ones), naming the
     group and ``reload_process_groups()``; nothing reaches the backend (variant B logs every
     collective it receives); after the reload every path gives torch's numbers again."""
-    ranks = _ranks(_dispatch, SUSPEND_TEST_LEG=leg)
+    ranks = suspend_ranks.run_once(_dispatch, SUSPEND_TEST_LEG=leg)
     for rank, out in enumerate(ranks):
         for where in ("tp", "WORLD"):
             for phase in ("awake", "after"):
@@ -389,7 +281,13 @@ def test_every_dispatcher_path_is_refused_while_asleep_and_works_after(leg: str)
                 assert out[phase][where] == want, (rank, where, phase)
             label = "'tp'" if where == "tp" else ""
             for name, (kind, text) in out["asleep"][where].items():
-                assert _is_suspended_error(kind, text, label), (rank, where, name, kind, text)
+                assert suspend_ranks.is_suspended_error(kind, text, label), (
+                    rank,
+                    where,
+                    name,
+                    kind,
+                    text,
+                )
         assert out["returned_asleep"] == [], f"rank {rank}: async calls returned a Work asleep"
         assert out["reached_backend_asleep"] == [], rank
         assert out["refused_ever"] == [], rank  # no call ever hit a sleeping communicator
@@ -397,44 +295,49 @@ def test_every_dispatcher_path_is_refused_while_asleep_and_works_after(leg: str)
         assert out["world_same"], rank
 
 
-@pytest.mark.parametrize("leg", VARIANTS)
+@pytest.mark.parametrize("leg", suspend_ranks.VARIANTS)
 def test_a_sleeping_world_names_itself_in_the_refusal(leg: str) -> None:
     """The refusal for WORLD says it is WORLD (on 2.13 too, where a wrapper guards it)."""
-    for rank, out in enumerate(_ranks(_dispatch, SUSPEND_TEST_LEG=leg)):
+    for rank, out in enumerate(suspend_ranks.run_once(_dispatch, SUSPEND_TEST_LEG=leg)):
         kind, text = out["asleep"]["WORLD"]["all_reduce"]
         assert kind == "GroupSuspendedError", (rank, kind, text)
         assert "WORLD" in text, (rank, text)
 
 
-@pytest.mark.parametrize("leg", VARIANTS)
+@pytest.mark.parametrize("leg", suspend_ranks.VARIANTS)
 def test_new_group_while_world_sleeps_is_refused_and_a_gloo_group_is_not(leg: str) -> None:
     """``new_group`` on WORLD's backend while a suspended WORLD sleeps raises
     ``GroupSuspendedError`` naming WORLD (its communicator would be split from WORLD's: torch
-    2.15's nccl2 does so at creation, where no pre-hook sees it; ``tests/ranks/test_nccl2.py``
-    shows the split); a gloo group is made and works at once; WORLD stays refused."""
-    for rank, out in enumerate(_ranks(_dispatch, SUSPEND_TEST_LEG=leg)):
+    2.15's nccl2 does so at creation, where no pre-hook sees it;
+    ``tests/ranks/test_suspend_nccl2.py`` shows the split); a gloo group is made and works at
+    once; WORLD stays refused."""
+    for rank, out in enumerate(suspend_ranks.run_once(_dispatch, SUSPEND_TEST_LEG=leg)):
         kind, text = out["new_group"]
-        assert _is_suspended_error(kind, text, "WORLD", "new_group()"), (rank, kind, text)
+        assert suspend_ranks.is_suspended_error(kind, text, "WORLD", "new_group()"), (
+            rank,
+            kind,
+            text,
+        )
         assert out["gloo_sum"] == ("ok", 3.0), out["gloo_sum"]
         kind, text = out["world_after_new_group"]
         assert kind == "GroupSuspendedError", (rank, kind, text)
 
 
-# ---- 2. identity: the same objects, the same maps, nothing created ----------------------------
+# ---- identity: the same objects, the same maps, nothing created ----------------------------
 
 
 def _identity(ctx: Rank) -> dict[str, Any]:
     from torch.distributed import distributed_c10d as c10d
 
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, world=leg, register=True)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, world=leg, register=True)
     groups = {
         "WORLD": dist.group.WORLD,
         "tp": dist.new_group([0, 1], backend=leg, group_desc="tp"),
         "dp": dist.new_group([0, 1], backend=leg, group_desc="dp"),
         "cpu": dist.new_group([0, 1], backend="gloo", group_desc="cpu"),
     }
-    backends = {name: _backend(g) for name, g in groups.items() if name != "cpu"}
+    backends = {name: suspend_ranks.backend(g) for name, g in groups.items() if name != "cpu"}
 
     def snapshot() -> dict[str, Any]:
         return {
@@ -446,9 +349,13 @@ def _identity(ctx: Rank) -> dict[str, Any]:
             "pg_names": sorted(map(str, c10d._world.pg_names.values())),
             "group_count": c10d._world.group_count,
             "names": {name: str(g.group_name) for name, g in groups.items()},
-            "backends same": {name: _backend(groups[name]) is b for name, b in backends.items()},
+            "backends same": {
+                name: suspend_ranks.backend(groups[name]) is b for name, b in backends.items()
+            },
             "creations": s.creations(),
-            "sums": {name: _sum(dist, torch, ctx.rank, g) for name, g in groups.items()},
+            "sums": {
+                name: suspend_ranks.rank_sum(dist, torch, ctx.rank, g) for name, g in groups.items()
+            },
         }
 
     before = snapshot()
@@ -466,7 +373,7 @@ def test_every_object_and_map_entry_stays_and_nothing_is_created() -> None:
     the object the program saw first, every group's ``id()``, torch's ``pg_map`` keys,
     ``pg_names``, ``group_count`` and names stay as they were, each group's backend is the
     same object, and the stand-in's creator never runs again (zero creations per cycle)."""
-    for rank, out in enumerate(_ranks(_identity)):
+    for rank, out in enumerate(suspend_ranks.run_once(_identity)):
         before = out["before"]
         assert before["WORLD is"], before
         assert before["creations"] == 3, before
@@ -476,883 +383,14 @@ def test_every_object_and_map_entry_stays_and_nothing_is_created() -> None:
             assert cycle == {"asleep ids": before["ids"], **before}, (rank, n)
 
 
-# ---- 3 and 10. store traffic per cycle, and twenty cycles ---------------------------------------
-
-
-def _counting_store(inner: Any) -> Any:
-    """A ``Store`` that forwards every call to ``inner`` and logs ``(operation, key)``."""
-    import torch.distributed as dist
-
-    class Counting(dist.Store):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[tuple[str, str]] = []
-
-        def _note(self, op: str, *keys: str) -> None:
-            self.ops.extend((op, key) for key in keys)
-
-        def set(self, key, value):
-            self._note("set", key)
-            inner.set(key, value)
-
-        def get(self, key):
-            self._note("get", key)
-            return inner.get(key)
-
-        def add(self, key, value):
-            self._note("add", key)
-            return inner.add(key, value)
-
-        def compare_set(self, key, expected, desired):
-            self._note("compare_set", key)
-            return inner.compare_set(key, expected, desired)
-
-        def wait(self, keys, timeout=None):
-            self._note("wait", *keys)
-            return inner.wait(keys) if timeout is None else inner.wait(keys, timeout)
-
-        def check(self, keys):
-            self._note("check", *keys)
-            return inner.check(keys)
-
-        def multi_get(self, keys):
-            self._note("multi_get", *keys)
-            return inner.multi_get(keys)
-
-        def multi_set(self, keys, values):
-            self._note("multi_set", *keys)
-            inner.multi_set(keys, values)
-
-        def delete_key(self, key):
-            self._note("delete_key", key)
-            return inner.delete_key(key)
-
-        def num_keys(self):
-            return inner.num_keys()
-
-        def append(self, key, value):
-            self._note("append", key)
-            inner.append(key, value)
-
-        def has_extended_api(self):
-            return True
-
-    return Counting()
-
-
-def _cycles(ctx: Rank) -> list[dict[str, Any]]:
-    """WORLD on the stand-in; ``SUSPEND_TEST_STORE=counting``: 3 cycles through a counting
-    store, ``plain``: 20 cycles on the TCPStore itself."""
-    import warnings
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
-
-    warnings.simplefilter("ignore", FutureWarning)
-    s.register()
-    rpg.set_reload_mode("suspend")
-    leg = _leg()
-    counting = os.environ["SUSPEND_TEST_STORE"] == "counting"
-    inner = dist.TCPStore(ctx.host, ctx.port, ctx.world_size, is_master=False)
-    store = _counting_store(inner) if counting else inner
-    dist.init_process_group(
-        leg, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timedelta(seconds=60)
-    )
-    ops: list[tuple[str, str]] = store.ops if counting else []
-    rpg.register_default_process_group()
-    world = dist.group.WORLD
-    pairs = [dist.new_group([r, r + 1], backend=leg) for r in range(0, ctx.world_size, 2)]
-    everyone = dist.new_group(backend=leg)
-    cpu = dist.new_group(backend="gloo")  # stays awake: barriers that touch no store
-    mine = pairs[ctx.rank // 2]
-    groups = [world, mine, everyone]
-    ids = [id(g) for g in groups]
-    pg_map = sorted(id(k) for k in c10d._world.pg_map)
-    made = s.creations()
-    cycles = 3 if counting else 20
-    report = []
-    for _ in range(cycles):
-        start = len(ops)
-        rpg.destroy_process_groups()
-        destroy = ops[start:]
-        asleep = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g))[0] for g in groups]
-        suspended = [b.state for b in s.backends(leg)]
-        listed_asleep = [g is world for g in rpg.reloadable_groups()]
-        start = len(ops)
-        rpg.reload_process_groups()
-        reload = ops[start:]
-        sums = [_sum(dist, torch, ctx.rank, g) for g in groups]
-        listed_awake = [g is world for g in rpg.reloadable_groups()]
-        dist.barrier(group=cpu)  # every rank is through its reload
-        keys = inner.num_keys() if ctx.rank == 0 else None
-        dist.barrier(group=cpu)  # nobody starts the next cycle before rank 0 counted
-        report.append(
-            {
-                "destroy": destroy,
-                "reload": reload,
-                "asleep": asleep,
-                "suspended": suspended,
-                "sums": sums,
-                "world is": dist.group.WORLD is world,
-                "ids same": [id(g) for g in groups] == ids,
-                "pg_map same": sorted(id(k) for k in c10d._world.pg_map) == pg_map,
-                "creations": s.creations() - made,
-                "num_keys": keys,
-                "listed": [listed_asleep, listed_awake],
-            }
-        )
-    return report
-
-
-def _round_of(ops: list[tuple[str, str]]) -> tuple[collections.Counter, set[str]]:
-    """The operations of one step, and the rounds (key prefixes) they wrote or waited on."""
-    kinds = collections.Counter(op for op, _ in ops)
-    rounds = {key.rpartition("/")[0] for op, key in ops if op != "delete_key"}
-    return kinds, rounds
-
-
-#: One store round, as ``rendezvous`` documents it: every rank appends its entry, counts in,
-#: waits for the result and reads it; the last to arrive also reads the entries, writes the
-#: result and deletes the entries, the counter and the previous round's result (through the
-#: inner store: torch's ``PrefixStore`` cannot delete through a Python ``Store``).
-ROUND = collections.Counter({"append": 1, "add": 1, "wait": 1, "compare_set": 1})
-LAST = collections.Counter({"append": 1, "add": 1, "wait": 1, "compare_set": 2, "set": 1})
-
-
-def _one_round(ops: list[tuple[str, str]]) -> str | None:
-    """None when ``ops`` is exactly one round of one rank (as ``ROUND``, or ``LAST``)."""
-    kinds, rounds = _round_of(ops)
-    deletes = kinds.pop("delete_key", 0)
-    if len(rounds) != 1:
-        return f"{len(rounds)} rounds: {sorted(rounds)}"
-    if not all("reloadpg_autopatch/" in key for _, key in ops):
-        return f"keys outside the package's rounds: {ops}"
-    if (kinds, deletes) == (ROUND, 0) or (kinds == LAST and deletes in (2, 3)):
-        return None
-    return f"not one round: {dict(kinds)}, {deletes} deletes"
-
-
-def test_a_cycle_costs_each_rank_two_store_rounds_at_two_and_four_ranks() -> None:
-    """Store traffic per rank per cycle, counted between torch and the TCPStore: the destroy
-    is exactly one round and the reload exactly one (each rank: an append, an add, a wait and
-    a read; the last to arrive also merges and tidies), under two different keys, and nothing
-    else (no creation, no WORLD traffic); the same per-rank figures at 2 and 4 ranks."""
-    per_size = {n: _ranks(_cycles, n, timeout=240, SUSPEND_TEST_STORE="counting") for n in (2, 4)}
-    shapes = {}
-    for n, ranks in per_size.items():
-        for rank, cycles in enumerate(ranks):
-            for number, cycle in enumerate(cycles, start=1):
-                for step in ("destroy", "reload"):
-                    problem = _one_round(cycle[step])
-                    assert problem is None, (n, rank, number, step, problem)
-                _, destroy_round = _round_of(cycle["destroy"])
-                _, reload_round = _round_of(cycle["reload"])
-                assert destroy_round != reload_round, (n, rank, number)
-        # Per step: how many ranks made how many operations (cycle 2 on: no one-off costs).
-        shapes[n] = {
-            step: sorted(len(cycles[1][step]) for cycles in ranks) for step in ("destroy", "reload")
-        }
-    for step in ("destroy", "reload"):
-        small, large = shapes[2][step], shapes[4][step]
-        assert large[:-1] == [small[0]] * 3, (step, small, large)
-        assert large[-1] == small[-1], (step, small, large)
-
-
-def test_the_store_does_not_grow_over_twenty_cycles() -> None:
-    """The TCPStore server's ``num_keys()`` after each of 20 cycles is the same: each round
-    deletes what the one before it left."""
-    cycles = _ranks(_cycles, 2, timeout=240, SUSPEND_TEST_STORE="plain")[0]
-    assert len(cycles) == 20
-    counts = [cycle["num_keys"] for cycle in cycles]
-    assert len(set(counts)) == 1, counts
-
-
-def test_twenty_cycles_with_world_on_the_stand_in_keep_every_promise() -> None:
-    """Each of 20 cycles with WORLD registered on the stand-in: every group refused while
-    asleep and every backend suspended, torch's sums after, WORLD and every group the same
-    objects, torch's ``pg_map`` unchanged, no creation, and ``reloadable_groups()`` lists the
-    two groups, never WORLD, asleep as awake."""
-    for rank, cycles in enumerate(_ranks(_cycles, 2, timeout=240, SUSPEND_TEST_STORE="plain")):
-        for number, cycle in enumerate(cycles, start=1):
-            assert cycle["asleep"] == ["GroupSuspendedError"] * 3, (rank, number)
-            assert cycle["suspended"] == ["suspended"] * 3, (rank, number)  # WORLD, pair, all
-            assert cycle["sums"] == [3.0, 3.0, 3.0], (rank, number)
-            assert cycle["world is"], number
-            assert cycle["ids same"], number
-            assert cycle["pg_map same"], number
-            assert cycle["creations"] == 0, (rank, number)
-            # WORLD, asleep suspended and awake, is never listed; its two groups are
-            assert cycle["listed"] == [[False, False]] * 2, (rank, number, cycle["listed"])
-
-
-# ---- 4. agreement: strict refusal, auto fallback, guard only, mixed answers ---------------------
-
-
-def _refusal(ctx: Rank) -> dict[str, Any]:
-    """Strict mode with ``tp`` that rank 1 cannot suspend (``SUSPEND_TEST_HOW``: ``live``: its
-    backend stops answering after creation; ``creation``: it said so from the start, as
-    ``SUSPENDABLE_UNSUPPORTED=backend@1`` makes it; ``mixed``: initialized on rank 0, not yet
-    on rank 1), beside ``dp``, which can."""
-    how = os.environ["SUSPEND_TEST_HOW"]
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
-    if how == "mixed" and ctx.rank == 1:
-        s.configure(uninitialized=True)
-    if how == "creation" and ctx.rank == 1:  # SUSPENDABLE_UNSUPPORTED=backend@1, for tp only
-        s.configure(unsupported="backend")
-    tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
-    s.configure()
-    dp = dist.new_group([0, 1], backend=leg, group_desc="dp")
-    if how == "live" and ctx.rank == 1:
-        _backend(tp).settings.unsupported = "backend"
-    out: dict[str, Any] = {"tp": str(tp.group_name), "dp": str(dp.group_name)}
-    out["destroy"] = _outcome(rpg.destroy_process_groups)
-    out["log"] = _log(s)
-    out["states"] = [b.state for b in s.backends()]
-    out["usable"] = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for g in (tp, dp)]
-    out["reload"] = _outcome(rpg.reload_process_groups)
-    return out
-
-
-@pytest.mark.parametrize("how", ["live", "creation", "mixed"])
-def test_strict_mode_refuses_on_every_rank_with_nothing_suspended(how: str) -> None:
-    """``suspend`` mode, a group one rank cannot suspend (its backend stopped answering, or
-    said at creation that it does not support suspend, or answers "not initialized" where the
-    peer's is initialized): every rank raises ``ModeRefusedError`` with the same text naming
-    that group, no suspend reaches any backend on any rank (the other group's neither), and
-    every group stays awake and usable."""
-    ranks = _ranks(_refusal, SUSPEND_TEST_HOW=how)
-    texts = set()
-    for rank, out in enumerate(ranks):
-        kind, text = out["destroy"]
-        assert kind == "ModeRefusedError", (rank, kind, text)
-        assert repr(out["tp"]) in text, text
-        assert repr(out["dp"]) not in text, text
-        texts.add(text)
-        assert [c for c in out["log"] if c[1] in ("suspend", "resume")] == [], out["log"]
-        assert set(out["states"]) == {"awake"}, out["states"]
-        assert out["usable"] == [("ok", 3.0), ("ok", 3.0)], out["usable"]
-        assert out["reload"] == ("ok", None), out["reload"]
-    assert len(texts) == 1, texts
-    if how == "mixed":
-        assert "answered differently" in texts.pop()
-
-
-def _fallback(ctx: Rank) -> dict[str, Any]:
-    """Auto mode: ``tp`` rank 1 cannot suspend any more, ``mx`` answers differently per rank,
-    ``dp`` can suspend everywhere."""
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, mode="auto")
-    tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
-    if ctx.rank == 1:
-        s.configure(uninitialized=True)
-    mx = dist.new_group([0, 1], backend=leg, group_desc="mx")
-    s.configure()
-    dp = dist.new_group([0, 1], backend=leg, group_desc="dp")
-    if ctx.rank == 1:
-        _backend(tp).settings.unsupported = "backend"
-    groups = {"tp": tp, "mx": mx, "dp": dp}
-    ids = {name: id(g) for name, g in groups.items()}
-    made = s.creations()
-    out: dict[str, Any] = {"names": {n: str(g.group_name) for n, g in groups.items()}}
-    out["types"] = {n: type(g).__name__ for n, g in groups.items()}
-    out["destroy"] = _outcome(rpg.destroy_process_groups)
-    out["asleep"] = {
-        n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for n, g in groups.items()
-    }
-    out["log"] = _log(s)
-    out["report"] = rpg.last_cycle_report().to_dict()["destroy"]["groups"]
-    out["reload"] = _outcome(rpg.reload_process_groups)
-    out["after"] = {
-        n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for n, g in groups.items()
-    }
-    out["ids same"] = {n: id(g) == ids[n] for n, g in groups.items()}
-    out["creations"] = s.creations() - made
-    return out
-
-
-def test_auto_mode_falls_back_for_the_groups_that_cannot_suspend_and_suspends_the_rest() -> None:
-    """``auto`` mode: a group some rank cannot suspend, and one whose members answer
-    differently, fall back alike on every rank (torch 2.14, the program holds torch's group:
-    it stays resident and usable; torch 2.13, behind a wrapper: destroyed, refused as
-    destroyed, and created again by the reload), with no suspend reaching their backends;
-    the group that can suspend still does, on every rank."""
-    for rank, out in enumerate(_ranks(_fallback)):
-        names = out["names"]
-        assert out["destroy"] == ("ok", None), out["destroy"]
-        kind, text = out["asleep"]["dp"]
-        assert _is_suspended_error(kind, text, "dp"), (rank, kind, text)
-        suspends = [c for c in out["log"] if c[1] == "suspend"]
-        assert [c[3] for c in suspends] == ["ok"], suspends  # dp's, and only it
-        for name in ("tp", "mx"):
-            if ON_214:
-                assert out["types"][name] == "ProcessGroup"
-                assert out["asleep"][name] == ("ok", 3.0), (rank, name)  # resident
-                assert any(r.startswith(names[name]) for r in out["report"]["resident"])
-            else:
-                assert out["types"][name] == "ReloadableProcessGroup"
-                assert out["asleep"][name][0] == "GroupDestroyedError", out["asleep"][name]
-                assert names[name] in out["report"]["destroyed"]
-        assert out["reload"] == ("ok", None), out["reload"]
-        assert out["after"] == {"tp": ("ok", 3.0), "mx": ("ok", 3.0), "dp": ("ok", 3.0)}
-        assert all(out["ids same"].values())
-        assert out["creations"] == (0 if ON_214 else 2), out["creations"]
-
-
-def _left_awake(ctx: Rank) -> dict[str, Any]:
-    """Auto mode: rank 1's backend says at creation that it does not support suspend, so rank
-    1 leaves ``cr`` torch's own and awake, where rank 0 takes it to suspend; ``dp`` can
-    suspend everywhere. Two cycles."""
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, mode="auto", timeout=10.0)  # a lone creation: 10 s
-    if ctx.rank == 1:
-        s.configure(unsupported="backend")
-    cr = dist.new_group([0, 1], backend=leg, group_desc="cr")
-    s.configure()
-    dp = dist.new_group([0, 1], backend=leg, group_desc="dp")
-    made = s.creations()
-    cr_label = _backend(cr).label
-    out: dict[str, Any] = {"cycles": []}
-    for _ in range(2):
-        seen = len(s.CALLS)
-        destroy = _outcome(rpg.destroy_process_groups)
-        asleep = {
-            n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g))[0]
-            for n, g in (("cr", cr), ("dp", dp))
-        }
-        reload = _outcome(rpg.reload_process_groups)
-        cr_log = [c[1] for c in _log(s, seen) if c[0] == cr_label]
-        after = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for g in (cr, dp)]
-        out["cycles"].append(
-            {
-                "destroy": destroy,
-                "asleep": asleep,
-                "reload": reload,
-                "cr log": cr_log,
-                "after": after,
-            }
-        )
-    out["creations"] = s.creations() - made
-    return out
-
-
-def test_a_group_one_rank_left_awake_at_creation_sleeps_on_no_rank() -> None:
-    """``auto`` mode, ``cr`` left awake on rank 1 from its creation (its backend there does
-    not support suspend), taken to suspend on rank 0: no rank suspends, destroys or creates
-    ``cr`` (rank 0 alone in a barrier or a creation would wait for a peer that never comes),
-    it works while the others sleep and after, and ``dp`` still sleeps and wakes."""
-    for rank, out in enumerate(_ranks(_left_awake)):
-        for number, cycle in enumerate(out["cycles"], start=1):
-            where = (rank, number)
-            assert cycle["destroy"] == ("ok", None), (where, cycle["destroy"])
-            assert cycle["asleep"] == {"cr": "ok", "dp": "GroupSuspendedError"}, where
-            assert cycle["reload"] == ("ok", None), (where, cycle["reload"])
-            assert not {"suspend", "resume"} & set(cycle["cr log"]), (where, cycle["cr log"])
-            assert cycle["after"] == [("ok", 3.0), ("ok", 3.0)], (where, cycle["after"])
-        assert out["creations"] == 0, (rank, out["creations"])
-
-
-def _guard_only(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
-    tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
-    backend = _backend(tp)
-    out: dict[str, Any] = {"name": str(tp.group_name)}
-    rpg.destroy_process_groups()
-    out["report"] = rpg.last_cycle_report().to_dict()["destroy"]["groups"]
-    out["asleep"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
-    out["initialized asleep"] = backend.initialized
-    rpg.reload_process_groups()
-    out["first cycle"] = _log(s)
-    out["after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
-    seen = len(s.CALLS)
-    rpg.destroy_process_groups()  # variant B: the collective above created the communicator
-    out["second asleep"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
-    rpg.reload_process_groups()
-    out["second cycle"] = _log(s, seen)
-    out["second after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
-    out["lazy"] = leg == s.NAME_B  # B's first collective initializes, as NCCL's does
-    return out
-
-
-def test_a_group_no_member_initialized_is_guarded_without_a_suspend() -> None:
-    """Every member's communicator says "not initialized" (NCCL's lazy init): the group is
-    guarded (refused while asleep, reported as guarded) but no suspend or resume is called,
-    and the refused call did not initialize it; once a collective has initialized it
-    (variant B, like NCCL), the next cycle suspends and resumes it."""
-    for rank, out in enumerate(_ranks(_guard_only, SUSPENDABLE_UNINITIALIZED="1")):
-        assert out["report"].get("guarded") == [out["name"]], out["report"]
-        assert out["name"] not in out["report"].get("suspended", []), out["report"]
-        kind, text = out["asleep"]
-        assert _is_suspended_error(kind, text, "tp"), (rank, kind, text)
-        assert out["initialized asleep"] is False
-        assert out["first cycle"] == [], out["first cycle"]
-        assert out["after"] == ("ok", 3.0)
-        assert out["second asleep"][0] == "GroupSuspendedError"
-        calls = [(op, outcome) for _, op, _, outcome in out["second cycle"]]
-        if out["lazy"]:
-            assert calls == [("suspend", "ok"), ("resume", "ok")], calls
-        else:
-            assert calls == [], calls
-        assert out["second after"] == ("ok", 3.0)
-
-
-# ---- 5. memory preflight, and a retry ---------------------------------------------------------
-
-
-#: The preflight's margin in the ranks (``set_memory_guard``), and each group's suspend bytes.
-MARGIN_GB = 0.5
-NEED = 2 * suspendable.MiB  # two groups of the stand-in's default 1 MiB each
-
-
-def _preflight(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, margin_gb=MARGIN_GB)
-    groups = [dist.new_group([0, 1], backend=leg, group_desc=d) for d in ("tp", "dp")]
-    free_before = s.device_memory()[0]
-    rpg.destroy_process_groups()
-    free_asleep = s.device_memory()[0]
-    want = NEED + int(MARGIN_GB * GiB)
-    # Rank 0 has exactly what a resume needs; rank 1 one MiB less.
-    s.occupy(free_asleep - want + (MiB if ctx.rank == 1 else 0))
-    out: dict[str, Any] = {"free": s.device_memory()[0], "need": want}
-    seen = len(s.CALLS)
-    out["first"] = _outcome(rpg.reload_process_groups)
-    out["first log"] = _log(s, seen)
-    out["asleep"] = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g))[0] for g in groups]
-    out["still suspended"] = [_backend(g).memory_stats()["suspended"] for g in groups]
-    s.occupy(None)
-    seen = len(s.CALLS)
-    out["retry"] = _outcome(rpg.reload_process_groups)
-    out["retry log"] = [(op, outcome) for _, op, _, outcome in _log(s, seen)]
-    out["after"] = [_outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for g in groups]
-    report = rpg.last_cycle_report().to_dict()
-    out["report destroy"] = report["destroy"] is not None
-    out["driver_freed_bytes"] = (report["nccl"] or {}).get("driver_freed_bytes")
-    out["measured freed"] = free_asleep - free_before
-    return out
-
-
-def test_a_rank_short_of_memory_makes_every_rank_refuse_then_a_retry_works() -> None:
-    """Rank 1 lacks one MiB of what a resume needs (the groups' suspend bytes plus the memory
-    guard's margin); rank 0 has exactly that. Every rank raises ``MemoryShortError`` with the
-    same text, naming rank 1 (not rank 0), the device, its free bytes and the bytes needed; no
-    resume reaches any backend, the groups stay refused and suspended. Freed, the retry
-    resumes each group once and they give torch's sums."""
-    ranks = _ranks(_preflight)
-    texts = {out["first"][1] for out in ranks}
-    assert len(texts) == 1, texts
-    text = texts.pop()
-    shorty = ranks[1]
-    for rank, out in enumerate(ranks):
-        assert out["first"][0] == "MemoryShortError", out["first"]
-        assert out["first log"] == [], (rank, out["first log"])
-        assert out["asleep"] == ["GroupSuspendedError"] * 2
-        assert out["still suspended"] == [1, 1]
-        assert out["retry"] == ("ok", None), out["retry"]
-        assert out["retry log"] == [("resume", "ok")] * 2, out["retry log"]
-        assert out["after"] == [("ok", 3.0), ("ok", 3.0)]
-    assert "rank 1 " in text, text
-    assert "rank 0 " not in text, text
-    assert " cpu " in text, text
-    assert f"{shorty['free'] / MiB:.2f} MiB free" in text, (shorty["free"], text)
-    assert f"needs {shorty['need'] / MiB:.2f} MiB" in text, (shorty["need"], text)
-
-
-def test_a_retried_reload_keeps_the_report_of_its_cycle() -> None:
-    """After a ``MemoryShortError`` and a successful retry, the cycle report is still the
-    report of that cycle: its destroy is there, and the driver's freed bytes are what the
-    pretend device gained during the destroy."""
-    for rank, out in enumerate(_ranks(_preflight)):
-        assert out["report destroy"], f"rank {rank}: the retry dropped the destroy's report"
-        assert out["driver_freed_bytes"] == out["measured freed"] == NEED, (rank, out)
-
-
-# ---- 6. the watchdog (ranks as plain subprocesses) ----------------------------------------------
-
-
-def _watchdog_run(
-    warm: int, hang: str, env: dict[str, str], deadline: float = 90.0
-) -> list[dict[str, Any]]:
-    """Start two ranks of ``programs/suspend_watchdog.py`` on a TCPStore of this process; wait
-    for both to end (killing them at ``deadline``); return each one's status, stderr, and the
-    seconds from its last MARK to its end. Subprocesses, not ``run_ranks``: the watchdog ends
-    the process with SIGABRT and its stacks on stderr, which is what the test reads."""
-    import torch.distributed as dist
-
-    server = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False)
-    full = {**os.environ, **GATE, **env}
-    # ``tests`` must import; a package copy named earlier on the path still wins.
-    paths = [p for p in full.get("PYTHONPATH", "").split(os.pathsep) if p]
-    full["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
-    procs, logs = [], []
-    program = str(PROGRAMS / "suspend_watchdog.py")
-    for rank in range(2):
-        log = open(  # noqa: SIM115 - closed below, after the process ends
-            Path(os.environ.get("TMPDIR", "/tmp")) / f"suspend-watchdog-{os.getpid()}-{rank}.log",
-            "w+",
-        )
-        args = [sys.executable, program, HOST, str(server.port), str(rank), "2", str(warm), hang]
-        procs.append(subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=log))
-        logs.append(log)
-    ended: dict[int, float] = {}
-    stop = time.monotonic() + deadline
-    while len(ended) < 2 and time.monotonic() < stop:
-        for rank, proc in enumerate(procs):
-            if rank not in ended and proc.poll() is not None:
-                ended[rank] = time.time()
-        time.sleep(0.05)
-    results = []
-    for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
-        if proc.poll() is None:
-            proc.kill()
-        stdout = proc.communicate(timeout=10)[0].decode(errors="replace")
-        log.seek(0)
-        stderr = log.read()
-        log.close()
-        os.unlink(log.name)
-        marks = [line.split() for line in stderr.splitlines() if line.startswith("MARK ")]
-        last = float(marks[-1][2]) if marks else None
-        results.append(
-            {
-                "returncode": proc.returncode,
-                "stdout": stdout,
-                "stderr": stderr,
-                "step": marks[-1][1] if marks else None,
-                "seconds": (ended[rank] - last) if rank in ended and last else None,
-            }
-        )
-    del server
-    return results
-
-
-@pytest.mark.parametrize(
-    ("phase", "warm", "hang", "env", "limit"),
-    [
-        pytest.param(
-            "suspend", 0, "-", {"SUSPENDABLE_HANG": "suspend@1"}, 3.0, id="suspend-env-timeout"
-        ),
-        pytest.param("resume", 1, "resume@1", {}, 3.0, id="resume-cycle2-env-timeout"),
-        pytest.param("suspend", 0, "suspend@0", {}, None, id="suspend-world-timeout"),
-    ],
-)
-def test_a_suspend_or_resume_that_never_returns_aborts_every_rank(
-    phase: str, warm: int, hang: str, env: dict[str, str], limit: float | None
-) -> None:
-    """One rank's ``suspend()`` or ``resume()`` never arrives (its peer waits in the barrier):
-    both ranks end by SIGABRT no sooner than the suspend timeout
-    (``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT``, else WORLD's) and within a few seconds of it,
-    and each one's stderr names the group, the call and the cycle, with the stacks."""
-    world_timeout = 4.0
-    env = {**env, "WATCHDOG_WORLD_TIMEOUT": str(world_timeout if limit is None else 60)}
-    if limit is not None:
-        env["SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT"] = str(limit)
-    seconds = world_timeout if limit is None else limit
-    cycle = warm + 1
-    step = "destroy" if phase == "suspend" else "reload"
-    for rank, run in enumerate(_watchdog_run(warm, hang, env)):
-        err = run["stderr"]
-        assert run["returncode"] == -signal.SIGABRT, (rank, run["returncode"], err[-3000:])
-        assert "RETURNED" not in run["stdout"]
-        assert run["step"] == step, (rank, run["step"])
-        assert seconds - 0.5 <= run["seconds"] <= seconds + 6.0, (rank, run["seconds"])
-        assert "tp-watched" in err, err[-3000:]
-        assert f"{phase}()" in err, err[-3000:]
-        assert f"cycle {cycle}, {step}" in err, err[-3000:]
-        assert "most recent call first" in err, err[-3000:]  # faulthandler's stacks
-
-
-# ---- 6. a suspend or a resume that raises: the group is broken, the others go on ----------------
-
-
-def _broken(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
-    s.configure(fail_after_barrier="suspend")
-    bad_s = dist.new_group([0, 1], backend=leg, group_desc="bad-suspend")
-    s.configure(fail_after_barrier="resume")
-    bad_r = dist.new_group([0, 1], backend=leg, group_desc="bad-resume")
-    s.configure()
-    good = dist.new_group([0, 1], backend=leg, group_desc="good")
-    groups = {"bad-suspend": bad_s, "bad-resume": bad_r, "good": good}
-
-    def use() -> dict[str, tuple[str, Any]]:
-        return {n: _outcome(lambda g=g: _sum(dist, torch, ctx.rank, g)) for n, g in groups.items()}
-
-    out: dict[str, Any] = {"destroy": _outcome(rpg.destroy_process_groups), "asleep": use()}
-    out["reload"] = _outcome(rpg.reload_process_groups)
-    out["after"] = use()
-    out["second destroy"] = _outcome(rpg.destroy_process_groups)
-    out["second asleep"] = use()
-    out["second reload"] = _outcome(rpg.reload_process_groups)
-    out["second after"] = use()
-    lifecycle = ("suspend", "resume")
-    out["log"] = {
-        n: [(c[1], c[3][:8]) for c in _log(s) if c[0] == _backend(g).label and c[1] in lifecycle]
-        for n, g in groups.items()
-    }
-    return out
-
-
-def test_a_failed_suspend_or_resume_breaks_that_group_and_the_step_goes_on() -> None:
-    """A suspend that raises (after NCCL's barrier) and a resume that raises: the step
-    completes for the healthy group and then raises ``GroupBrokenError`` naming the broken
-    group and the call; the broken groups refuse every use with ``GroupBrokenError`` from then
-    on (asleep, after the reload, a cycle later) and are never suspended or resumed again;
-    the healthy group sleeps and wakes every cycle."""
-    for rank, out in enumerate(_ranks(_broken)):
-        kind, text = out["destroy"]
-        assert kind == "GroupBrokenError", (rank, kind, text)
-        assert "suspend" in text, text
-        assert "bad-suspend" in text or "'1'" in text, text
-        kind, text = out["reload"]
-        assert kind == "GroupBrokenError", (rank, kind, text)
-        assert "resume" in text, text
-        for phase in ("asleep", "second asleep"):
-            assert out[phase]["good"][0] == "GroupSuspendedError", (phase, out[phase])
-        assert out["after"]["good"] == out["second after"]["good"] == ("ok", 3.0)
-        for name in ("bad-suspend", "bad-resume"):
-            states = [out[p][name][0] for p in ("after", "second asleep", "second after")]
-            assert states == ["GroupBrokenError"] * 3, (rank, name, states)
-        assert out["asleep"]["bad-suspend"][0] == "GroupBrokenError"
-        assert out["second destroy"] == ("ok", None)
-        assert out["second reload"] == ("ok", None)
-        assert out["log"]["bad-suspend"] == [("suspend", "raised: ")], out["log"]
-        assert out["log"]["bad-resume"] == [("suspend", "ok"), ("resume", "raised: ")]
-        assert out["log"]["good"] == [("suspend", "ok"), ("resume", "ok")] * 2
-
-
-# ---- 6. releases while asleep, and the end of WORLD ---------------------------------------------
-
-
-def _release(ctx: Rank) -> dict[str, Any]:
-    """``SUSPEND_TEST_WHO`` releases ``h`` (``both`` or a rank) while it sleeps
-    (``SUSPEND_TEST_WHEN=asleep``) or before the destroy (``awake``)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    who, when = os.environ["SUSPEND_TEST_WHO"], os.environ["SUSPEND_TEST_WHEN"]
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, timeout=10.0)  # a peer that never comes: 10 s, not 30
-    g = dist.new_group([0, 1], backend=leg, group_desc="kept")
-    h = dist.new_group([0, 1], backend=leg, group_desc="released")
-    h_backend, h_native = _backend(h), getattr(h, "group", h)
-    made = s.creations()
-    releases = who == "both" or int(who) == ctx.rank
-    out: dict[str, Any] = {"releases": releases}
-    if when == "asleep":
-        rpg.destroy_process_groups()
-    seen = len(s.CALLS)
-    if releases:
-        dist.destroy_process_group(h)
-    out["at release"] = _log(s, seen)
-    if when == "awake":
-        out["destroy"] = _outcome(rpg.destroy_process_groups)
-    out["reload"] = _outcome(rpg.reload_process_groups)
-    out["h log"] = [c[1] for c in _log(s, seen) if c[0] == h_backend.label]
-    out["h resumes"] = h_backend.resumes
-    out["h in pg_map"] = h_native in c10d._world.pg_map
-    out["g"] = _outcome(lambda: _sum(dist, torch, ctx.rank, g))
-    out["second cycle"] = (
-        _outcome(rpg.destroy_process_groups),
-        _outcome(rpg.reload_process_groups),
-    )
-    out["g after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, g))
-    out["creations"] = s.creations() - made
-    return out
-
-
-def test_a_group_released_on_every_rank_while_asleep_goes_after_its_resume() -> None:
-    """``destroy_process_group(h)`` on every rank while ``h`` sleeps: nothing happens at the
-    call; the next reload resumes ``h`` (the stand-in logs the resume before the shutdown
-    where its shutdown reaches Python) and then torch forgets it; no group is created for it
-    (zero creations), and the other group works through later cycles."""
-    for rank, out in enumerate(
-        _ranks(_release, SUSPEND_TEST_WHO="both", SUSPEND_TEST_WHEN="asleep")
-    ):
-        assert out["at release"] == [], out["at release"]
-        assert out["reload"] == ("ok", None), out["reload"]
-        assert out["h resumes"] == 1
-        assert out["h log"][0] == "resume", out["h log"]
-        if "shutdown" in out["h log"]:
-            assert out["h log"].index("resume") < out["h log"].index("shutdown"), out["h log"]
-        assert not out["h in pg_map"]
-        assert out["g"] == out["g after"] == ("ok", 3.0)
-        assert out["second cycle"] == (("ok", None), ("ok", None))
-        assert out["creations"] == 0, f"rank {rank}: {out['creations']} groups created"
-
-
-@pytest.mark.parametrize("when", ["asleep", "awake"])
-def test_a_group_released_on_one_member_does_not_stall_the_others(when: str) -> None:
-    """Rank 1 alone releases ``h`` (while it sleeps, or while awake before the destroy): every
-    rank still completes the destroy and the reload, no group is created, and the other group
-    works on; nobody waits for a peer that let ``h`` go."""
-    ranks = _ranks(_release, SUSPEND_TEST_WHO="1", SUSPEND_TEST_WHEN=when)
-    for rank, out in enumerate(ranks):
-        if when == "awake":
-            assert out["destroy"] == ("ok", None), (rank, out["destroy"])
-        assert out["reload"] == ("ok", None), (rank, out["reload"])
-        assert out["g"] == out["g after"] == ("ok", 3.0), rank
-        assert out["second cycle"] == (("ok", None), ("ok", None)), rank
-        assert out["creations"] == 0, (rank, out["creations"])
-
-
-def _end_world(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, world=leg, register=True)
-    tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
-    labels = [b.label for b in s.backends()]
-    rpg.destroy_process_groups()
-    seen = len(s.CALLS)
-    out: dict[str, Any] = {"end": _outcome(dist.destroy_process_group)}
-    out["log"] = [(c[0], c[1], c[3]) for c in _log(s, seen)]
-    out["labels"] = labels
-    out["resumes"] = [b.resumes for b in s.backends()]
-    out["initialized"] = dist.is_initialized()
-    out["tp"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))[0]
-    # A new world on the same store works, with a group that sleeps and wakes.
-    from datetime import timedelta
-
-    ctx.reinit("second-world/", timedelta(seconds=30))
-    fresh = dist.new_group([0, 1], backend=leg)
-    out["fresh cycle"] = (_outcome(rpg.destroy_process_groups), _outcome(rpg.reload_process_groups))
-    out["fresh"] = _outcome(lambda: _sum(dist, torch, ctx.rank, fresh))
-    return out
-
-
-def test_ending_world_while_asleep_resumes_every_communicator_first() -> None:
-    """``dist.destroy_process_group()`` while WORLD and a group sleep: it returns, every
-    suspended backend was resumed once before torch shut it down (the stand-in logs both where
-    the shutdown reaches Python), torch is no longer initialized, and a new world works."""
-    for rank, out in enumerate(_ranks(_end_world)):
-        assert out["end"] == ("ok", None), out["end"]
-        assert out["resumes"] == [1, 1], out["resumes"]
-        for label in out["labels"]:
-            ops = [op for backend, op, outcome in out["log"] if backend == label]
-            assert ops[0] == "resume", (rank, label, ops)
-            if "shutdown" in ops:
-                assert ops.index("resume") < ops.index("shutdown"), (label, ops)
-        assert all(outcome == "ok" for _, _, outcome in out["log"]), out["log"]
-        assert out["initialized"] is False
-        if not ON_214:  # the wrapper says its WORLD ended (2.14: torch's own group, torch's rules)
-            assert out["tp"] == "GroupDestroyedError", out["tp"]
-        assert out["fresh cycle"] == (("ok", None), ("ok", None))
-        assert out["fresh"] == ("ok", 3.0)
-
-
-# ---- 6. a forked child, and two threads -------------------------------------------------------
-
-
-def _child(rpg: Any, s: Any, dist: Any, torch: Any, group: Any) -> dict[str, Any]:
-    """In a forked child: time destroy and reload, and what reached the stand-in."""
-    import json
-
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report through the pipe, never return into the rank
-        try:
-            seen = len(s.CALLS)
-            started = time.monotonic()
-            steps = [_outcome(rpg.destroy_process_groups), _outcome(rpg.reload_process_groups)]
-            report = {
-                "seconds": time.monotonic() - started,
-                "steps": steps,
-                "log": _log(s, seen, stats=True),
-                "use": _outcome(lambda: _backend(group).memory_stats()["suspended"]),
-            }
-        except BaseException as error:
-            report = {"error": repr(error)}
-        os.write(write, json.dumps(report).encode())
-        os._exit(0)
-    os.close(write)
-    chunks = []
-    while chunk := os.read(read, 65536):
-        chunks.append(chunk)
-    os.close(read)
-    _, status = os.waitpid(pid, 0)
-    return {"status": status, **json.loads(b"".join(chunks))}
-
-
-def _process(ctx: Rank) -> dict[str, Any]:
-    import threading
-
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
-    tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
-    # Rank 0 alone forks: a child that took part in a step would wait for a peer that never
-    # comes (or meet rank 1's child, were both to fork).
-    forks = ctx.rank == 0
-    out: dict[str, Any] = {"child awake": _child(rpg, s, dist, torch, tp) if forks else None}
-    rpg.destroy_process_groups()
-    out["child asleep"] = _child(rpg, s, dist, torch, tp) if forks else None
-    out["parent asleep"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))[0]
-    out["parent reload"] = _outcome(rpg.reload_process_groups)
-    out["parent after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
-    # Two threads destroy at once; a slow before-destroy hook keeps the first one inside.
-    results: list[tuple[str, Any]] = []
-    start = threading.Barrier(2)
-
-    def destroy() -> None:
-        start.wait()
-        results.append(_outcome(rpg.destroy_process_groups))
-
-    handle = rpg.add_reload_hook(before_destroy=lambda groups: time.sleep(1.5), name="slow")
-    threads = [threading.Thread(target=destroy) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    handle.remove()
-    out["threads"] = sorted(results)
-    out["threads suspends"] = [op for _, op, _, _ in _log(s) if op == "suspend"]
-    out["threads reload"] = _outcome(rpg.reload_process_groups)
-    out["threads after"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))
-    return out
-
-
-def test_a_forked_child_never_suspends_or_resumes() -> None:
-    """``os.fork()`` in rank 0, awake and asleep: the child's ``destroy_process_groups()`` and
-    ``reload_process_groups()`` return at once, nothing reaches the stand-in in the child (not
-    even ``memory_stats``), and the parents' cycle goes on as if nothing happened."""
-    for rank, out in enumerate(_ranks(_process)):
-        for when in ("child awake", "child asleep") if rank == 0 else ():
-            child = out[when]
-            assert "error" not in child, (rank, when, child)
-            assert child["status"] == 0
-            assert child["steps"] == [["ok", None], ["ok", None]], child["steps"]
-            assert child["seconds"] < 1.0, child["seconds"]
-            assert child["log"] == [], (rank, when, child["log"])
-        if rank == 0:
-            assert out["child asleep"]["use"] == ["ok", 1]  # still asleep in the child
-        assert out["parent asleep"] == "GroupSuspendedError"
-        assert out["parent reload"] == ("ok", None)
-        assert out["parent after"] == ("ok", 3.0)
-
-
-def test_two_threads_destroying_at_once_get_one_step_and_one_refusal() -> None:
-    """Two threads of a rank call ``destroy_process_groups()`` together: one completes (one
-    suspend), the other raises ``StepInProgressError``; the reload then works."""
-    for rank, out in enumerate(_ranks(_process)):
-        kinds = [kind for kind, _ in out["threads"]]
-        assert kinds == ["StepInProgressError", "ok"], (rank, out["threads"])
-        assert "another thread" in out["threads"][0][1]
-        assert len(out["threads suspends"]) == 2  # the first cycle's and this one
-        assert out["threads reload"] == ("ok", None)
-        assert out["threads after"] == ("ok", 3.0)
-
-
-# ---- 7. gloo groups and a gloo WORLD stay awake, untouched ---------------------------------------
+# ---- gloo groups and a gloo WORLD stay awake, untouched ---------------------------------------
 
 
 def _gloo(ctx: Rank) -> dict[str, Any]:
     from torch.distributed import distributed_c10d as c10d
 
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, register=True, policy="all")
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, register=True, policy="all")
     world = dist.group.WORLD
     cpu = dist.new_group([0, 1], backend="gloo", group_desc="cpu")
     tp = dist.new_group([0, 1], backend=leg, group_desc="tp")
@@ -1373,11 +411,19 @@ def _gloo(ctx: Rank) -> dict[str, Any]:
         return [t.item(), b.item(), o.tolist(), objects]
 
     rpg.destroy_process_groups()
-    out["asleep"] = [_outcome(lambda: use(None)), _outcome(lambda: use(cpu))]
-    out["tp asleep"] = _outcome(lambda: _sum(dist, torch, ctx.rank, tp))[0]
+    out["asleep"] = [
+        suspend_ranks.outcome(lambda: use(None)),
+        suspend_ranks.outcome(lambda: use(cpu)),
+    ]
+    out["tp asleep"] = suspend_ranks.outcome(
+        lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, tp)
+    )[0]
     out["report"] = rpg.last_cycle_report().to_dict()["destroy"]["groups"]
     rpg.reload_process_groups()
-    out["after"] = [_outcome(lambda: use(None)), _outcome(lambda: use(cpu))]
+    out["after"] = [
+        suspend_ranks.outcome(lambda: use(None)),
+        suspend_ranks.outcome(lambda: use(cpu)),
+    ]
     out["ids same"] = ids == (id(dist.group.WORLD), id(cpu), id(c10d._world.default_pg))
     out["reloadable"] = [g is dist.group.WORLD or g is cpu for g in rpg.reloadable_groups()]
     out["suspended"] = [b.suspends for b in s.backends()]
@@ -1390,7 +436,7 @@ def test_gloo_groups_and_a_gloo_world_stay_awake_and_untouched() -> None:
     destroyed, and work while the stand-in group sleeps (all_reduce, broadcast, all_gather,
     barrier, broadcast_object_list give torch's numbers), before and after the reload."""
     want = ("ok", [3.0, 8.0, [0.0, 1.0], ["rank 0"]])
-    for rank, out in enumerate(_ranks(_gloo)):
+    for rank, out in enumerate(suspend_ranks.run_once(_gloo)):
         assert out["types"] == ["ProcessGroup", "ProcessGroup"], out["types"]
         assert out["asleep"] == [want, want], (rank, out["asleep"])
         assert out["after"] == [want, want], (rank, out["after"])
@@ -1403,12 +449,12 @@ def test_gloo_groups_and_a_gloo_world_stay_awake_and_untouched() -> None:
         assert out["suspended"] == [1], out["suspended"]  # the stand-in group's, only
 
 
-# ---- 8. a group with a CPU leg and an accelerator leg ------------------------------------------
+# ---- a group with a CPU leg and an accelerator leg ------------------------------------------
 
 
 def _mixed(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx)
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx)
     mixed = dist.new_group([0, 1], backend=f"cpu:gloo,{s.ACCELERATOR}:{leg}", group_desc="mx")
     acc = mixed._get_backend(torch.device(s.ACCELERATOR))
 
@@ -1428,9 +474,9 @@ def _mixed(ctx: Rank) -> dict[str, Any]:
             return "passed"
 
         return {
-            "all_reduce": _outcome(reduce),
-            "all_gather": _outcome(gather),
-            "barrier": _outcome(barrier),
+            "all_reduce": suspend_ranks.outcome(reduce),
+            "all_gather": suspend_ranks.outcome(gather),
+            "barrier": suspend_ranks.outcome(barrier),
         }
 
     def acc_calls() -> dict[str, Any]:
@@ -1452,9 +498,9 @@ def _mixed(ctx: Rank) -> dict[str, Any]:
             return t.host.tolist()
 
         return {
-            "all_reduce": _outcome(reduce),
-            "all_gather": _outcome(gather),
-            "broadcast": _outcome(broadcast),
+            "all_reduce": suspend_ranks.outcome(reduce),
+            "all_gather": suspend_ranks.outcome(gather),
+            "broadcast": suspend_ranks.outcome(broadcast),
         }
 
     out: dict[str, Any] = {"awake": (cpu_calls(), acc_calls())}
@@ -1482,167 +528,47 @@ def test_a_mixed_group_refuses_its_sleeping_accelerator_leg() -> None:
     communicates, CPU tensors and the barrier included (the safe side)."""
     cpu_want = {k: ("ok", v) for k, v in MIXED_CPU.items()}
     acc_want = {k: ("ok", v) for k, v in MIXED_ACC.items()}
-    for rank, out in enumerate(_ranks(_mixed)):
+    for rank, out in enumerate(suspend_ranks.run_once(_mixed)):
         assert out["awake"] == (cpu_want, acc_want), (rank, out["awake"])
         assert out["after"] == (cpu_want, acc_want), (rank, out["after"])
         assert out["acc suspended"] == 1
         assert out["acc after"] == 0
         cpu, acc = out["asleep"]
         for name, (kind, text) in acc.items():
-            assert _is_suspended_error(kind, text, "mx"), (rank, name, kind, text)
-        if ON_214:
+            assert suspend_ranks.is_suspended_error(kind, text, "mx"), (rank, name, kind, text)
+        if suspend_ranks.ON_214:
             assert cpu == cpu_want, (rank, cpu)
         else:
-            assert all(_is_suspended_error(*cpu[name], "mx") for name in cpu), cpu
+            assert all(suspend_ranks.is_suspended_error(*cpu[name], "mx") for name in cpu), cpu
         assert out["refused by backend"] == [], out["refused by backend"]
 
 
-# ---- 9. the cycle report ----------------------------------------------------------------------
-
-
-SIZES = {"tp": (3 * MiB, 1 * MiB), "dp": (5 * MiB, 2 * MiB)}  # (suspend, persist) bytes
-
-
-def _report(ctx: Rank) -> dict[str, Any]:
-    leg = _leg()
-    _, dist, rpg, s = _start(ctx)
-    names = {}
-    for desc, (suspend, persist) in SIZES.items():
-        s.configure(suspend_bytes=suspend, persist_bytes=persist)
-        names[desc] = str(dist.new_group([0, 1], backend=leg, group_desc=desc).group_name)
-    s.configure(uninitialized=True, suspend_bytes=7 * MiB)
-    names["lazy"] = str(dist.new_group([0, 1], backend=leg, group_desc="lazy").group_name)
-    s.configure()
-    names["cpu"] = str(dist.new_group([0, 1], backend="gloo").group_name)
-    free_before = s.device_memory()[0]
-    rpg.destroy_process_groups()
-    free_asleep = s.device_memory()[0]
-    host_backup = s.host_backup_bytes()
-    asleep = rpg.last_cycle_report().to_dict()
-    rpg.reload_process_groups()
-    return {
-        "names": names,
-        "measured freed": free_asleep - free_before,
-        "host backup": host_backup,
-        "back": s.device_memory()[0] == free_before,
-        "asleep": asleep,
-        "after": rpg.last_cycle_report().to_dict(),
-    }
-
-
-def test_the_cycle_report_gives_what_the_backends_and_the_device_say() -> None:
-    """``last_cycle_report().to_dict()["nccl"]``: ``released_bytes`` is the stand-in's
-    configured suspend bytes summed over the groups that suspended (not the one only guarded,
-    nor the gloo one), ``resident_bytes`` their persistent bytes, the pinned-host estimate the
-    host backups the stand-in holds while asleep, ``driver_freed_bytes`` (and ``freed_bytes``)
-    what the pretend device gained during the destroy; per group ``stats_before`` /
-    ``stats_asleep`` / ``stats_after`` say 0, 1 and 0 suspended, and the calls took time."""
-    for rank, out in enumerate(_ranks(_report)):
-        names, after = out["names"], out["after"]
-        nccl = after["nccl"]
-        released = sum(suspend for suspend, _ in SIZES.values())
-        assert out["measured freed"] == released, out["measured freed"]  # the oracle itself
-        assert out["back"], "the resume did not give the pretend device its bytes back"
-        assert nccl["released_bytes"] == released, (rank, nccl)
-        assert nccl["resident_bytes"] == sum(persist for _, persist in SIZES.values())
-        assert nccl["pinned_host_bytes_estimate"] == out["host backup"] == released
-        assert nccl["driver_freed_bytes"] == after["freed_bytes"] == out["measured freed"]
-        assert out["asleep"]["nccl"]["driver_freed_bytes"] == out["measured freed"]
-        assert names["cpu"] not in nccl["groups"]
-        for desc, (suspend, persist) in SIZES.items():
-            group = nccl["groups"][names[desc]]
-            want = {"suspend": suspend, "persist": persist, "total": suspend + persist}
-            assert group["stats_before"] == {**want, "suspended": 0}, (desc, group)
-            assert group["stats_asleep"] == {**want, "suspended": 1}, (desc, group)
-            assert group["stats_after"] == {**want, "suspended": 0}, (desc, group)
-            assert group["suspend_ms"] > 0, group
-            assert group["resume_ms"] > 0, group
-        lazy = nccl["groups"].get(names["lazy"])
-        assert lazy is None or (lazy["legs"] == [] and lazy["suspend_ms"] == 0), lazy
-
-
-# ---- 11. memory pools -------------------------------------------------------------------------
-
-
-def _pools(ctx: Rank) -> dict[str, Any]:
-    from tests.support import suspendable as s
-
-    calls: list[tuple[str, int, int]] = []
-
-    def register_mem_pool(self: Any, pool: Any, symm: bool = False) -> None:
-        calls.append(("register", id(self), id(pool)))
-
-    def deregister_mem_pool(self: Any, pool: Any) -> None:
-        calls.append(("deregister", id(self), id(pool)))
-
-    classes = [s.SuspendableGloo, *([s.SuspendablePy] if s.python_backend_available() else [])]
-    for cls in classes:  # before any group exists, as Megatron's allocator would find them
-        cls.register_mem_pool = register_mem_pool
-        cls.deregister_mem_pool = deregister_mem_pool
-    leg = _leg()
-    torch, dist, rpg, _ = _start(ctx)
-    group = dist.new_group([0, 1], backend=leg, group_desc="tp")
-    backend = _backend(group)
-    pool = object()
-    backend.register_mem_pool(pool, symm=True)
-    out: dict[str, Any] = {"at registration": list(calls), "cycles": []}
-    for _ in range(3):
-        del calls[:]
-        rpg.destroy_process_groups()
-        destroy = list(calls)
-        del calls[:]
-        rpg.reload_process_groups()
-        out["cycles"].append(
-            {
-                "destroy": destroy,
-                "reload": list(calls),
-                "same backend": _backend(group) is backend,
-                "sum": _sum(dist, torch, ctx.rank, group),
-            }
-        )
-    out["ids"] = (id(backend), id(pool))
-    return out
-
-
-def test_a_registered_memory_pool_is_neither_deregistered_nor_registered_again() -> None:
-    """A pool registered through a suspend-mode group's backend stays registered: the
-    communicator is suspended, not destroyed, so no destroy deregisters it and no reload
-    registers it again; the backend the group hands out is the same object every cycle."""
-    for rank, out in enumerate(_ranks(_pools)):
-        backend, pool = out["ids"]
-        assert out["at registration"] == [("register", backend, pool)], out["at registration"]
-        for n, cycle in enumerate(out["cycles"], start=1):
-            assert cycle == {"destroy": [], "reload": [], "same backend": True, "sum": 3.0}, (
-                rank,
-                n,
-                cycle,
-            )
-
-
-# ---- 7. subgroups at four ranks, taken by the rule (as NCCL groups are) -----------------------
+# ---- subgroups at four ranks, taken by the rule (as NCCL groups are) -----------------------
 
 
 def _pairs(ctx: Rank) -> dict[str, Any]:
     """Four ranks, every group taken by the rule (policy ``all``, as the rule takes NCCL
     groups): pairs [0, 1] and [2, 3], so each rank is a non-member of one; three cycles; then
     a group made after the last reload."""
-    leg = _leg()
-    torch, dist, rpg, s = _start(ctx, policy="all")
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, policy="all")
     pairs = [dist.new_group([0, 1], backend=leg), dist.new_group([2, 3], backend=leg)]
     mine = pairs[ctx.rank // 2]
     made = s.creations()
     out: dict[str, Any] = {"sums": [], "asleep": []}
     for _ in range(3):
         rpg.destroy_process_groups()
-        out["asleep"].append(_outcome(lambda: _sum(dist, torch, ctx.rank, mine))[0])
+        out["asleep"].append(
+            suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, mine))[0]
+        )
         rpg.reload_process_groups()
-        out["sums"].append(_sum(dist, torch, ctx.rank, mine))
+        out["sums"].append(suspend_ranks.rank_sum(dist, torch, ctx.rank, mine))
     out["creations"] = s.creations() - made
     fresh = dist.new_group([0, 1, 2, 3], backend=leg)
     names: list[Any] = [None] * 4
     dist.all_gather_object(names, str(fresh.group_name))  # on gloo WORLD
     out["fresh names"] = names
-    out["fresh sum"] = _sum(dist, torch, ctx.rank, fresh)
+    out["fresh sum"] = suspend_ranks.rank_sum(dist, torch, ctx.rank, fresh)
     return out
 
 
@@ -1651,9 +577,119 @@ def test_non_members_create_nothing_for_groups_that_sleep_by_suspend() -> None:
     (the stand-in's creator is never called; a non-member creating alone would hang, or give
     torch's group counter a step its peers never took), each pair sums 1+2 and 3+4, and a
     group made afterwards has the same name on every rank and works."""
-    for rank, out in enumerate(_ranks(_pairs, 4, timeout=240)):
+    for rank, out in enumerate(suspend_ranks.run_once(_pairs, 4, timeout=240)):
         assert out["asleep"] == ["GroupSuspendedError"] * 3, (rank, out["asleep"])
         assert out["sums"] == [3.0 if rank < 2 else 7.0] * 3, (rank, out["sums"])
         assert out["creations"] == 0, (rank, out["creations"])
         assert len(set(out["fresh names"])) == 1, out["fresh names"]
         assert out["fresh sum"] == 10.0, (rank, out["fresh sum"])
+
+
+# ---- the local calls of a sleeping group ("still answers the local ones (rank(), size(),
+# group_name)") ---------------------------------------------------------------------------------
+
+
+def _local_calls(ctx: Rank) -> dict[str, Any]:
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, _s = suspend_ranks.start(ctx)
+    group = dist.new_group([0, 1], backend=leg, group_desc="tp")
+
+    def local() -> dict[str, Any]:
+        return {
+            "rank": suspend_ranks.outcome(group.rank),
+            "size": suspend_ranks.outcome(group.size),
+            "group_name": suspend_ranks.outcome(lambda: str(group.group_name)),
+        }
+
+    awake = local()
+    rpg.destroy_process_groups()
+    asleep = local()
+    refused = suspend_ranks.outcome(lambda: suspend_ranks.rank_sum(dist, torch, ctx.rank, group))
+    rpg.reload_process_groups()
+    return {"awake": awake, "asleep": asleep, "refused": refused}
+
+
+def test_a_sleeping_group_still_answers_rank_size_and_its_name() -> None:
+    for rank, out in enumerate(suspend_ranks.run_once(_local_calls)):
+        assert out["awake"]["rank"] == ("ok", rank), out
+        assert out["awake"]["size"] == ("ok", 2), out
+        assert out["asleep"] == out["awake"], (rank, out)
+        kind, text = out["refused"]
+        assert kind == "GroupSuspendedError", (rank, out)
+        # It names the group, the operation and what to call.
+        assert "'tp'" in text, text
+        assert "is suspended (" in text, text  # "(<the operation>)"
+        # The pre-hook names torch's op (ALLREDUCE); on 2.13 the wrapper names the function.
+        assert "allreduce" in text.lower().replace("_", ""), text
+        assert "reload_process_groups()" in text, text
+
+
+# ---- the order of the suspends and resumes ("in creation order (WORLD first)", the same on
+# every rank: each is collective inside NCCL) ----------------------------------------------------
+
+
+def _order(ctx: Rank) -> dict[str, Any]:
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, s = suspend_ranks.start(ctx, world=leg, register=True)
+    groups = [dist.group.WORLD] + [
+        dist.new_group([0, 1], backend=leg, group_desc=d) for d in ("tp", "dp", "pp")
+    ]
+    labels = [suspend_ranks.backend(g).label for g in groups]
+    seen = len(s.CALLS)
+    rpg.destroy_process_groups()
+    rpg.reload_process_groups()
+    calls = [(c.backend, c.op) for c in s.CALLS[seen:] if c.op in ("suspend", "resume")]
+    report = rpg.last_cycle_report().to_dict()
+    return {
+        "labels": labels,
+        "names": [str(g.group_name) for g in groups],
+        "suspended": report["destroy"]["groups"].get("suspended"),
+        "resumed": report["reload"]["groups"].get("resumed"),
+        "suspends": [b for b, op in calls if op == "suspend"],
+        "resumes": [b for b, op in calls if op == "resume"],
+        "sums": [suspend_ranks.rank_sum(dist, torch, ctx.rank, g) for g in groups],
+    }
+
+
+def test_suspends_and_resumes_run_in_creation_order_world_first() -> None:
+    for rank, out in enumerate(suspend_ranks.run_once(_order)):
+        assert out["suspends"] == out["labels"], (rank, out)
+        assert out["resumes"] == out["labels"], (rank, out)
+        # The report lists them alike: suspended at the destroy, resumed at the reload.
+        assert out["suspended"] == out["resumed"] == out["names"], (rank, out)
+        assert out["sums"] == [3.0] * 4, (rank, out["sums"])
+
+
+# ---- torch 2.14: no wrapper at all ("in suspend mode on 2.14 no collective is wrapped";
+# "dist.group.WORLD is torch's own object for the whole run") -----------------------------------
+
+
+def _types(ctx: Rank) -> dict[str, Any]:
+    leg = suspend_ranks.leg()
+    torch, dist, rpg, _s = suspend_ranks.start(ctx, world=leg, register=True)
+    groups = {
+        "WORLD": dist.group.WORLD,
+        "tp": dist.new_group([0, 1], backend=leg, group_desc="tp"),
+    }
+
+    def kinds() -> dict[str, str]:
+        return {
+            **{name: type(g).__name__ for name, g in groups.items()},
+            "dist.group.WORLD": type(dist.group.WORLD).__name__,
+        }
+
+    out = {"awake": kinds()}
+    rpg.destroy_process_groups()
+    out["asleep"] = kinds()
+    rpg.reload_process_groups()
+    out["after"] = kinds()
+    out["sums"] = [suspend_ranks.rank_sum(dist, torch, ctx.rank, g) for g in groups.values()]
+    return out
+
+
+@suspend_ranks.needs_b
+def test_on_torch_2_14_every_group_stays_torch_own_object() -> None:
+    for rank, out in enumerate(suspend_ranks.run_once(_types)):
+        for when in ("awake", "asleep", "after"):
+            assert set(out[when].values()) == {"ProcessGroup"}, (rank, when, out[when])
+        assert out["sums"] == [3.0, 3.0], (rank, out["sums"])

@@ -2,12 +2,15 @@
 
 A process that cycles thousands of times must not repeat a complaint at every step, a value
 that is accepted must give what it promises (a suspend timeout the watchdog can time), and a
-value that is not understood must never be ignored without a word (issue 33, item 5).
+value that is not understood must never be ignored without a word (issue 33, item 5). Every
+spelling of the gate and of the guard's every-call switch is accepted as documented, and a bogus
+mode falls back to exactly ``wrapper``, saying so in one line.
 
 The oracle is the stderr of fresh interpreters (the start-up layer reads the gate, the log
 level, the mode and the rebind prefixes before any user code, so start-up is the subject here):
 ``tests/support/programs/bad_variables.py`` runs several cycles in suspend mode on the stand-in
-with one bad value in every variable, and each variable must appear in exactly one line.
+with one bad value in every variable, and each variable must appear in exactly one line; the
+interpreter's ``sys.meta_path`` against the gate-unset run.
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from reloadpg_autopatch import _env
-from tests.support import PROGRAMS, ROOT
-from tests.support.ranks import GATE, run_ranks, total
+from tests.support import PROGRAMS, ROOT, registered_world, this_tree
+from tests.support.ranks import GATE, Rank, run_ranks, total
+
+if TYPE_CHECKING:  # only a type checker sees it: the probes of the rule test name it as text
+    pass
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -253,3 +259,143 @@ def test_nothing_a_cycle_raises_is_outside_reload_pg_error() -> None:
     assert "OverflowError" in text, out
     assert out["cause"] == "OverflowError", out
     assert out["sum"] == 1.0, out
+
+
+# ---- every spelling of the gate and of the guard's switch; a bogus mode --------------------------
+
+
+ON_SPELLINGS = ["1", " 1 ", "true", "TRUE", " True\t", "yes", "YES ", " yEs", "on", "ON", " On\t"]
+OFF_SPELLINGS = ["", "   ", "0", " 0 ", "false", "FALSE", " False ", "no", " NO", "off", "Off\t"]
+
+_META_PATH = (
+    "import sys; print(sorted(getattr(f, '__module__', None) or type(f).__module__ "
+    "for f in sys.meta_path))"
+)
+
+
+@pytest.mark.timeout(300)
+def test_p4_every_accepted_spelling_of_the_gate() -> None:
+    """Each spelling of ``1 true yes on`` (any case, blanks around) installs the start-up import
+    hook, silently; each of ``"" 0 false no off`` leaves the interpreter as with the variable
+    unset. Oracle: the interpreter's ``sys.meta_path`` against the gate-unset run; then one
+    spelling of each kind end to end, by what ``new_group`` returns after ``import torch``."""
+    baseline = this_tree.python(_META_PATH, this_tree.env())
+    assert baseline.returncode == 0, baseline.stderr
+    for value in ON_SPELLINGS + OFF_SPELLINGS:
+        proc = this_tree.python(_META_PATH, this_tree.env(SLIME_RELOADABLE_PG=value))
+        assert proc.returncode == 0, (value, proc.stderr)
+        assert proc.stderr == "", (value, proc.stderr)
+        hooked = proc.stdout != baseline.stdout
+        assert hooked is (value in ON_SPELLINGS), (value, proc.stdout, baseline.stdout)
+    end_to_end = (
+        "import torch.distributed as dist\n"
+        "import reloadpg_autopatch as rpg\n"
+        "rpg.set_wrap_policy('all')\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "print(type(dist.new_group([0])).__name__)\n"
+    )
+    for value, expected in ((" yEs\t", "ReloadableProcessGroup"), (" OFF ", "ProcessGroup")):
+        proc = this_tree.python(end_to_end, this_tree.env(SLIME_RELOADABLE_PG=value))
+        assert proc.returncode == 0, (value, proc.stderr)
+        assert proc.stdout.split() == [expected], (value, proc.stdout, proc.stderr)
+
+
+_GUARD_FROM_ENV = r"""
+import json, logging, os, sys
+import torch.distributed
+import reloadpg_autopatch as rpg
+
+cases = json.loads(sys.argv[1])
+for name, value in cases:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a fresh read of the environment: nothing read it in the parent
+        os.close(read)
+        warnings = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                warnings.append(record.getMessage())
+
+        logging.getLogger("reloadpg_autopatch").addHandler(Keep(logging.WARNING))
+        os.environ[name] = value
+        guard = rpg.get_memory_guard()
+        os.write(write, json.dumps([guard.min_free_gb, guard.every_call, warnings]).encode())
+        os._exit(0)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.waitpid(pid, 0)
+    print(json.dumps([name, value, json.loads(b"".join(chunks))]))
+"""
+
+
+def _guards_from_env(cases: list[tuple[str, str]]) -> list[tuple[str, str, list]]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _GUARD_FROM_ENV, json.dumps(cases)],
+        env=this_tree.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [tuple(json.loads(line)) for line in proc.stdout.splitlines()]
+
+
+@pytest.mark.timeout(300)
+def test_p4_every_call_switch_spellings_and_inf_from_the_environment() -> None:
+    """``SLIME_RELOADABLE_PG_MEMORY_GUARD_EVERY_CALL``: every spelling of on turns it on and
+    every spelling of off leaves it off, without a warning; ``SLIME_RELOADABLE_PG_MIN_FREE_GB=inf``
+    is refused in one warning naming the variable, and the default used (issue 38: every number
+    is finite and in range, or refused). Each read in a fresh forked child."""
+    every = "SLIME_RELOADABLE_PG_MEMORY_GUARD_EVERY_CALL"
+    cases = [(every, v) for v in ON_SPELLINGS + OFF_SPELLINGS]
+    cases.append(("SLIME_RELOADABLE_PG_MIN_FREE_GB", "inf"))
+    results = _guards_from_env(cases)
+    assert len(results) == len(cases), results
+    for name, value, (min_free, every_call, warnings) in results:
+        if name == every:
+            assert warnings == [], (name, value, warnings)
+            assert every_call is (value in ON_SPELLINGS), (value, every_call)
+            assert min_free == 3.0, (value, min_free)
+        else:
+            assert len(warnings) == 1, (name, value, warnings)
+            assert "SLIME_RELOADABLE_PG_MIN_FREE_GB='inf'" in warnings[0], warnings
+            assert min_free == 3.0, (value, min_free)
+            assert every_call is False
+
+
+@pytest.mark.timeout(300)
+def test_p4_a_bogus_mode_falls_back_to_exactly_wrapper_with_one_stderr_line() -> None:
+    code = (
+        "import torch.distributed as dist\n"
+        "import reloadpg_autopatch as rpg\n"
+        "print(rpg.get_reload_mode())\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "rpg.set_wrap_policy('all')\n"
+        "print(type(dist.new_group([0])).__name__)\n"
+    )
+    proc = this_tree.python(
+        code, this_tree.env(SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MODE="bogus")
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["wrapper", "ReloadableProcessGroup"], proc.stdout
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("reloadpg_autopatch")]
+    assert len(ours) == 1, proc.stderr
+    assert "SLIME_RELOADABLE_PG_MODE" in ours[0], ours
+    assert "'bogus'" in ours[0], ours
+    assert "wrapper" in ours[0], ours
+
+
+def _bogus_mode(ctx: Rank) -> dict:
+    dist = registered_world.start(ctx, register=False)
+    return {"type": type(dist.new_group([0, 1])).__name__}
+
+
+@pytest.mark.timeout(300)
+def test_a_bogus_mode_leaves_the_wrapper_mode() -> None:
+    env = {**GATE, "SLIME_RELOADABLE_PG_MODE": "bogus"}
+    for report in run_ranks(_bogus_mode, 2, env=env):
+        assert report["type"] == "ReloadableProcessGroup"

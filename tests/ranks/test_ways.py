@@ -60,3 +60,86 @@ def test_a_way_added_in_one_module_takes_part_in_every_cycle() -> None:
         assert report["same objects"]
         assert report["created"] == []  # nobody, member or not, created anything for them
         assert report["listed"] == 2
+
+
+# ---- a registered mode, chosen by the environment ------------------------------------------
+
+_PLUGIN_PROGRAM = """
+import torch.distributed as dist
+import reloadpg_autopatch as rpg
+rpg.set_wrap_policy("all")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+pair = dist.new_group([0])
+rpg.destroy_process_groups()
+rpg.reload_process_groups()
+print(rpg.get_reload_mode(), type(pair).__name__, rpg.last_cycle_report().destroy.groups)
+"""
+
+
+def _plugin(tmp_path: Any, name: str) -> dict[str, str]:
+    """An installed distribution (its ``.dist-info`` on ``sys.path``) whose entry point in the
+    ``reloadpg_autopatch.modes`` group, named ``name``, is the module that registers the
+    keep-awake way and its mode (``tests/support/keep_awake.py``)."""
+    import os
+    import sys
+
+    from tests.support import ROOT
+
+    info = tmp_path / "keep_awake_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: keep-awake-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[reloadpg_autopatch.modes]\n{name} = tests.support.keep_awake\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLIME_RELOADABLE_PG")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    env |= {**GATE, "SLIME_RELOADABLE_PG_MODE": "keep-awake"}
+    env["_EXE"] = sys.executable
+    return env
+
+
+def test_a_mode_a_plugin_registers_is_chosen_by_the_environment(tmp_path: Any) -> None:
+    """``SLIME_RELOADABLE_PG_MODE=keep-awake``, where an installed distribution's entry point
+    (group ``reloadpg_autopatch.modes``) registers that mode: start-up says nothing, the
+    lifecycle loads the entry point when it first reads the mode, and the mode's way takes the
+    groups (torch's own object, kept awake through the cycle). A fresh interpreter: the
+    subject is what start-up and the first read of the variable do."""
+    import subprocess
+
+    env = _plugin(tmp_path, "keep-awake")
+    proc = subprocess.run(
+        [env.pop("_EXE"), "-c", _PLUGIN_PROGRAM],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if "reloadpg_autopatch" in line]
+    assert ours == [], proc.stderr
+    mode, kind, groups = proc.stdout.split(" ", 2)
+    assert (mode, kind) == ("keep-awake", "ProcessGroup"), proc.stdout
+    assert "kept awake" in groups, proc.stdout
+
+
+def test_a_mode_no_plugin_registers_is_refused_in_one_line(tmp_path: Any) -> None:
+    """A plugin installed under another name does not make an unknown mode: one line at
+    start-up names the variable and the modes there are, and the wrapper mode is used."""
+    import subprocess
+
+    env = _plugin(tmp_path, "keep-awake-two")
+    proc = subprocess.run(
+        [env.pop("_EXE"), "-c", _PLUGIN_PROGRAM],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("reloadpg_autopatch")]
+    assert len(ours) == 1, proc.stderr
+    assert "SLIME_RELOADABLE_PG_MODE='keep-awake'" in ours[0], ours
+    assert "keep-awake-two" in ours[0], ours  # the plugin's mode, among those there are
+    assert proc.stdout.split(" ", 2)[:2] == ["wrapper", "ReloadableProcessGroup"], proc.stdout

@@ -2,9 +2,14 @@
 
 torch 2.15 cannot be installed where the suite runs, and NCCL needs a GPU, so each behaviour
 of 2.15 that the package must meet is modelled here from torch's source (the facts and their
-sources: ``docs/suspend-facts.md``, "torch 2.15"). The backends extend the suspendable stand-in
-of ``tests/support/suspendable.py`` (variant A, a ``ProcessGroupGloo`` subclass, both lanes):
-its suspend protocol, its call log (``suspendable.CALLS``) and its pretend device.
+sources: ``docs/suspend-facts.md``, "torch 2.15"). The backends extend the package's CPU model
+of NCCL's suspend, ``reloadpg_autopatch.tools.cpu_nccl`` (variant A, a ``ProcessGroupGloo``
+subclass, both lanes): its suspend protocol, its call log (``cpu_nccl.CALLS``) and its pretend
+device; each is registered under its own name (``name=``) and returned through
+``cpu_nccl.track``, so that the model's ledger counts it.
+
+They stay with the tests, out of the wheel: no user program needs them, and the models of
+torch 2.15 below (the pre-hook order, the flight recorder's map) replace torch's own functions.
 
 - :class:`SplittingGloo` (``"nccl2_split"``): a group is made from its parent's communicator
   at creation, as nccl2 makes every group by ``ncclCommSplit`` of WORLD's (PR #192895). The
@@ -50,7 +55,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from tests.support import suspendable as s
+from reloadpg_autopatch.tools import cpu_nccl as s
 
 SPLIT = "nccl2_split"
 LAZY = "nccl2_lazy"
@@ -87,11 +92,6 @@ class _Options:
         return getattr(self._inner, name)
 
 
-def _named(backend: s.SuspendableGloo, name: str) -> None:
-    backend.registered_name = name
-    backend.label = f"{name}#{len(s.BACKENDS)}"
-
-
 class SplittingGloo(s.SuspendableGloo):
     """A group made by splitting WORLD's communicator at creation (nccl2 on torch 2.15)."""
 
@@ -114,19 +114,17 @@ def _create_split(store: Any, rank: int, size: int, timeout: Any) -> SplittingGl
     parent = _WORLD.get("backend") if dist.is_initialized() else None
     if parent is not None:
         parent.split_from("split")
-    made = SplittingGloo(store, rank, size, timeout)
-    _named(made, SPLIT)
+    made = SplittingGloo(store, rank, size, timeout, name=SPLIT)
     if not dist.is_initialized():
         _WORLD["backend"] = made
-    return s._created(made)  # type: ignore[return-value]
+    return s.track(made)
 
 
 class LazyGloo(s.SuspendableGloo):
     """A ``lazy_init`` nccl2 communicator: created by its first collective."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        _named(self, LAZY)
+    def __init__(self, *args: Any, name: str = LAZY, **kwargs: Any) -> None:
+        super().__init__(*args, name=name, **kwargs)
         self.initialized = False
 
     @property
@@ -147,9 +145,8 @@ class LazyGloo(s.SuspendableGloo):
 class NonblockingGloo(s.SuspendableGloo):
     """A communicator made by nccl2's ``reconfigure()``: nonblocking, its options unchanged."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        _named(self, NONBLOCKING)
+    def __init__(self, *args: Any, name: str = NONBLOCKING, **kwargs: Any) -> None:
+        super().__init__(*args, name=name, **kwargs)
 
     @property
     def options(self) -> Any:  # type: ignore[override]
@@ -183,9 +180,7 @@ Nccl2.__name__ = Nccl2.__qualname__ = "ProcessGroupNCCL2"
 
 def _creator(cls: type, name: str) -> Any:
     def create(store: Any, rank: int, size: int, timeout: Any) -> Any:
-        made = cls(store, rank, size, timeout)
-        _named(made, name)
-        return s._created(made)
+        return s.track(cls(store, rank, size, timeout, name=name))
 
     return create
 

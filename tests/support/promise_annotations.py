@@ -1,6 +1,6 @@
 """Functions whose group parameter is named only by a string annotation through dotted aliases.
 
-``test_promises`` (promise 7) reads them with the package's rule and, in a rank, hands them
+``tests/ranks/test_patching.py`` reads them with the package's rule and, in a rank, hands them
 to the patch as if a future torch had added them to ``torch.distributed``. The parameter is
 called ``handle`` so that only its annotation can tell that it takes a group, and the object
 chain's last name is ``PG``, so that only looking the chain up (not reading its spelling) finds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reloadpg_autopatch import _env
-from reloadpg_autopatch._startup import bootstrap
+from reloadpg_autopatch._startup import problems as startup_problems
 
 pytestmark = pytest.mark.startup
 
@@ -51,13 +51,13 @@ def test_the_frameworks_modules_are_adopted_and_the_variable_adds_more() -> None
 def test_start_up_reports_each_bad_adoption_value(monkeypatch) -> None:
     monkeypatch.setenv(_env.ADOPT_ENV, "maybe")
     monkeypatch.setenv(_env.ADOPT_MODULES_ENV, "ok.name,no good")
-    problems = bootstrap.adoption_problems()
+    problems = startup_problems.adoption_problems()
     assert len(problems) == 2
     assert "'maybe'" in problems[0]
     assert "'no good'" in problems[1]
     monkeypatch.delenv(_env.ADOPT_ENV)
     monkeypatch.delenv(_env.ADOPT_MODULES_ENV)
-    assert bootstrap.adoption_problems() == []
+    assert startup_problems.adoption_problems() == []
 
 
 def test_the_doctor_reports_bad_values_and_a_framework_module_left_unpatched(monkeypatch) -> None:
@@ -66,17 +66,17 @@ def test_the_doctor_reports_bad_values_and_a_framework_module_left_unpatched(mon
     import sys
     import types
 
-    from reloadpg_autopatch.tools import doctor
+    from reloadpg_autopatch.tools.doctor import Report, gather, renderer
 
     monkeypatch.setenv(_env.ADOPT_ENV, "maybe")
     name = "slime.utils.reloadable_process_group"
     monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    report = doctor.Report()
-    doctor._check_adoption(report)
+    report = Report()
+    gather.adoption(report)
     assert any("'maybe'" in p for p in report.problems), report.problems
     assert report.adoption["seen"] == [
         {"module": name, "adopted": [], "kept": "torch.distributed is not patched here"}
     ]
-    text = "\n".join(doctor._render_adoption(report))
+    text = "\n".join(renderer.adoption(report))
     assert f"{_env.ADOPT_ENV}='maybe' -> not understood, so off" in text, text
     assert f"{name}: its own lifecycle (torch.distributed is not patched here)" in text, text

@@ -17,9 +17,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reloadpg_autopatch.groups import implementations
 from reloadpg_autopatch.groups.ways import inplace
 from reloadpg_autopatch.groups.ways import suspend as suspended
+from reloadpg_autopatch.tools.doctor import implementations
 
 CAN_RECONFIGURE = inplace.torch_can_reconfigure()
 

@@ -2,8 +2,8 @@
 
 The backstop fires while a stuck call holds the GIL, so a Python handler for SIGABRT could
 never run and the process would hang: then it must be SIGKILL. The whole path (a real stuck
-rank ended by the backstop) is ``tests/ranks/test_watchdog.py``; this checks the choice for
-each state of SIGABRT's handler in a second, against the ``signal`` module's own values.
+rank ended by the backstop) is ``tests/ranks/test_faults_watchdog.py``; this checks the choice
+for each state of SIGABRT's handler in a second, against the ``signal`` module's own values.
 """
 
 from __future__ import annotations

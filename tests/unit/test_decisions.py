@@ -20,15 +20,14 @@ from reloadpg_autopatch.groups.decisions import (
     DestroyStep,
     ReloadFacts,
     ReloadStep,
-    Reports,
     destroy_step,
     reload_step,
-    sleep_verdict,
 )
-from reloadpg_autopatch.groups.decisions import Verdict as Sleep
 from reloadpg_autopatch.groups.process import PHASES, Phase, ProcessState
 from reloadpg_autopatch.groups.record import TRANSITIONS, State, TransitionError
 from reloadpg_autopatch.groups.ways import Builtin as Way
+from reloadpg_autopatch.groups.ways.suspend.verdicts import Reports, sleep_verdict
+from reloadpg_autopatch.groups.ways.suspend.verdicts import Verdict as Sleep
 
 # ---- the expected tables, written from the documented behaviour ---------------------------
 
@@ -100,7 +99,7 @@ def expected_reload(f: ReloadFacts) -> ReloadStep:
             return ReloadStep.LEAVE_TO_MEMBERS
         return ReloadStep.TAKE_PART  # torch creates groups collectively
     if f.state is State.LIVE:  # made while asleep
-        if f.world_restored:  # WORLD's restore tore it down with every group
+        if f.torn_down:  # WORLD's restore tore it down with every group
             # Made again behind its wrapper; torch's own object cannot be: refused.
             torch_object = f.way in (Way.IN_PLACE, Way.SUSPEND)
             return (
@@ -110,7 +109,7 @@ def expected_reload(f: ReloadFacts) -> ReloadStep:
     assert f.state is State.DESTROYED
     if not freed_in_place:
         return ReloadStep.RECREATE
-    if f.world_restored:
+    if f.torn_down:
         return ReloadStep.REFUSE_TORN_DOWN
     if f.released_by_a_member:
         return ReloadStep.REFUSE_RELEASED_BY_A_MEMBER

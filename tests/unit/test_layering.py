@@ -55,7 +55,7 @@ def _imported_modules(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("layer", ["patching", "groups"])
+@pytest.mark.parametrize("layer", ["adoption", "patching", "groups"])
 def test_no_module_below_the_start_up_layer_imports_from_it(layer: str) -> None:
     offenders = {
         path.name: sorted(
@@ -173,9 +173,12 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 #: The layers, top first: a module may import its own layer and the layers below it only.
+#: Adoption sits above the patch: it uses the patch's guard generation and ``new_group`` and the
+#: lifecycle, and the start-up layer hands it the frameworks' modules.
 LAYERS = (
     ("reloadpg_autopatch.__main__", "reloadpg_autopatch.tools"),
     ("reloadpg_autopatch._startup",),
+    ("reloadpg_autopatch.adoption",),
     ("reloadpg_autopatch.patching",),
     ("reloadpg_autopatch.groups",),
     ("reloadpg_autopatch._env", "reloadpg_autopatch._originals", "reloadpg_autopatch.errors"),
@@ -187,6 +190,11 @@ def _layer(module: str) -> int | None:
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return rank
     return None  # the package itself: its __init__ imports nothing at the top
+
+
+def test_every_module_but_the_package_itself_sits_in_a_layer() -> None:
+    """A room ``LAYERS`` does not name would escape the one-way rule below."""
+    assert [name for name in sorted(_MODULES) if _layer(name) is None] == [PACKAGE.name]
 
 
 def test_imports_run_one_way_and_no_groups_module_imports_patching() -> None:
@@ -213,11 +221,12 @@ def test_imports_run_one_way_and_no_groups_module_imports_patching() -> None:
 
 GROUPS = "reloadpg_autopatch.groups"
 
-#: The lifecycle's layers, top first: the facade; the drivers and the steps on one group;
-#: WORLD (its registration, swap, end and ways); the ways; the cycle's machinery; below them
-#: every piece of bookkeeping (any groups/ module not named here).
+#: The lifecycle's layers, top first: the facade (and its facts for the doctor, which read the
+#: whole lifecycle); the drivers and the steps on one group; WORLD (its registration, swap, end
+#: and ways); the ways; the cycle's machinery; below them every piece of bookkeeping (any
+#: groups/ module not named here).
 GROUP_LAYERS = (
-    ("lifecycle",),
+    ("lifecycle", "facts"),
     ("creation", "destroy", "reload", "release", "unwrap"),
     ("world",),
     ("ways",),
@@ -252,10 +261,12 @@ def test_the_lifecycles_layers_run_one_way() -> None:
 
 
 #: What says a branch special-cases WORLD: its name, torch's default group, the registration,
-#: WORLD's ways (``WorldSwap`` ...) and their module.
+#: WORLD's ways (``WorldSwap`` ...) and their module, and WORLD's facts by every name they had
+#: or have (whether it swaps, was restored, tears every group down; its native group).
 _WORLD_WORDS = re.compile(
-    r"\bWORLD\b|is_world|default_pg|_get_default_group|stand_in|registr"
-    r"|\bWorld[A-Z]\w*|world_ways|world\.ways"
+    r"\bWORLD\b|is_world|default_pg|_get_default_group|default_group|stand_in|registr"
+    r"|\bWorld[A-Z]\w*|world_ways|world\.ways|world_swaps|world_restored|needs_swap"
+    r"|swaps_next|destroys_every_group|native_world|end_world"
 )
 
 
@@ -282,7 +293,9 @@ def _world_branches(path: Path) -> list[str]:
 
 
 def test_no_module_outside_groups_world_has_a_world_branch() -> None:
+    """Not in the lifecycle, nor in the patching: WORLD's facts are asked of ``groups/world``."""
     outside = [p for n, p in _groups_modules().items() if not n.startswith(f"{GROUPS}.world")]
+    outside += sorted((PACKAGE / "patching").rglob("*.py"))
     assert [b for path in outside for b in _world_branches(path)] == []
 
 
@@ -293,6 +306,10 @@ def test_the_world_branch_finder_finds_one(tmp_path: Path) -> None:
         "isinstance(record.way, world_ways.WorldSwap)",
         "group is dist.GroupMember.WORLD",
         "holder.world.registration is not None",
+        "world_swaps",
+        "facts.world_restored",
+        "native is not lifecycle.native_world()",
+        "needs_swap()",
     ):
         sample.write_text(f"def f(record):\n    if {test}:\n        return 1\n")
         assert _world_branches(sample) == [f"sample.py:2: {test}"]
@@ -300,11 +317,11 @@ def test_the_world_branch_finder_finds_one(tmp_path: Path) -> None:
 
 #: Each part of the process holder and the one module (or package) that writes it.
 WRITERS = {
-    "rounds": ("participants",),
+    "rounds": ("store.channel",),
     "records": ("registry",),
     "pools": ("pools",),
     "world": ("world",),
-    "left_awake": ("ways.suspend.way",),
+    "ways": ("ways", "world"),
     # the cycle and its phase: the holder's own fields
     "phase": ("stepping",),
     "cycle": ("stepping",),
@@ -318,7 +335,7 @@ WRITERS = {
 
 
 #: The holder's parts that are objects of their own (the others are the holder's fields).
-_PARTS = ("rounds", "records", "pools", "world", "left_awake")
+_PARTS = ("rounds", "records", "pools", "world", "ways")
 #: Calls that change the container they are called on.
 _MUTATORS = {"add", "append", "insert", "pop", "clear", "update", "remove", "discard", "extend"}
 
@@ -339,7 +356,7 @@ def _holder_chain(node: ast.expr, aliases: dict[str, str]) -> str | None:
         base = "holder"  # process.current().X
     if base is None or not chain:
         return None
-    if chain[0] in _PARTS and (len(chain) >= 2 or chain[0] == "left_awake"):
+    if chain[0] in _PARTS and (len(chain) >= 2 or chain[0] == "ways"):
         return chain[0]
     if len(chain) == 1 and base in ("holder", "self", "fresh") and chain[0] in WRITERS:
         return chain[0]
@@ -414,7 +431,7 @@ def test_the_writer_finder_finds_each_kind_of_write(tmp_path: Path) -> None:
     for line, part in (
         ("holder.records.all = []", "records"),
         ("holder.records.index[0] = None", "records"),
-        ("holder.left_awake.add('x')", "left_awake"),
+        ("holder.ways['x'] = set()", "ways"),
         ("process.current().cycle += 1", "cycle"),
         ("process.current().rounds.token = 't'", "rounds"),
         ("holder.world.registration = None", "world"),
@@ -425,8 +442,9 @@ def test_the_writer_finder_finds_each_kind_of_write(tmp_path: Path) -> None:
 
 
 def test_the_bottom_modules_import_what_they_say() -> None:
-    """``errors`` imports nothing; the store protocol (``rendezvous``, ``entries``) no torch."""
+    """``errors`` imports nothing; the store protocol (``store``'s rounds, entries, a stalled
+    round and the sweep) no torch."""
     assert _imported_modules(PACKAGE / "errors.py") == set()
-    for name in ("rendezvous.py", "entries.py"):
-        found = _imported_modules(PACKAGE / "groups" / name)
+    for name in ("rounds.py", "entries.py", "stalled.py", "sweep.py"):
+        found = _imported_modules(PACKAGE / "groups" / "store" / name)
         assert not {m for m in found if m.split(".")[0] == "torch"}, (name, found)

@@ -1,4 +1,4 @@
-"""The sweep of the store (``groups/leftovers.py``) on a real torch store, whose own
+"""The sweep of the store (``groups/sweep.py``) on a real torch store, whose own
 ``check()`` says which keys remain.
 
 After cycle ``c``'s first round on rank 0, a fast rank may already have counted into the next
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from reloadpg_autopatch.groups import leftovers
+from reloadpg_autopatch.groups.store import sweep
 from tests.support.stores import Forwarding
 
 
@@ -28,7 +28,7 @@ def test_the_sweep_keeps_this_cycle_and_the_next_and_deletes_the_others() -> Non
     }
     theirs = ["reloadpg_autopatch/probe", "0//cpu//0/1", "other/reloadpg_autopatch/3/0/x"]
     store = _store(*keys.values(), *theirs)
-    assert leftovers.sweep(store, 5) == 4
+    assert sweep.sweep(store, 5) == 4
     remaining = {cycle for cycle, key in keys.items() if store.check([key])}
     assert remaining == {5, 6}
     assert all(store.check([key]) for key in theirs)
@@ -39,7 +39,7 @@ def test_a_store_that_cannot_list_keeps_its_keys_and_the_sweep_does_not_raise() 
         def list_keys(self) -> list[str]:
             raise RuntimeError("not implemented")
 
-    assert leftovers.sweep(Unlisted(), 3) == 0
+    assert sweep.sweep(Unlisted(), 3) == 0
 
 
 def test_through_lists_and_deletes_a_python_stores_keys_under_the_prefix() -> None:
@@ -52,13 +52,13 @@ def test_through_lists_and_deletes_a_python_stores_keys_under_the_prefix() -> No
     for key in ("reloadpg_autopatch/3/0/x", "reloadpg_autopatch/9/0/x", "mine"):
         prefixed.set(key, b"x")
     custom.set("elsewhere/reloadpg_autopatch/3/0/x", b"x")
-    through = leftovers.Through(prefixed, custom, "0")
+    through = sweep.Through(prefixed, custom, "0")
     assert sorted(through.list_keys()) == [
         "mine",
         "reloadpg_autopatch/3/0/x",
         "reloadpg_autopatch/9/0/x",
     ]
-    assert leftovers.sweep(through, 9) == 1
+    assert sweep.sweep(through, 9) == 1
     assert custom.check(["0/reloadpg_autopatch/9/0/x", "0/mine"])
     assert not custom.check(["0/reloadpg_autopatch/3/0/x"])
     assert custom.check(["elsewhere/reloadpg_autopatch/3/0/x"])
@@ -82,7 +82,7 @@ def test_the_marks_of_every_rebuild_are_swept_after_one_listing() -> None:
             store.set(key, b"x")
     store.set("0/cpu//reconfigure/111/0/0", b"x")  # another rebuild's, whose uuid holds 11
     markers = [f"reconfigure/{uuid}/" for uuid in uuids[:3]]
-    assert leftovers.sweep_marked(store, markers) == 6
+    assert sweep.sweep_marked(store, markers) == 6
     assert Listed.listings == 1
     assert sorted(store.list_keys()) == [
         "0/cpu//reconfigure/111/0/0",
@@ -94,7 +94,8 @@ def test_the_marks_of_every_rebuild_are_swept_after_one_listing() -> None:
 def test_recording_notes_each_key_this_rank_writes_under_its_prefix() -> None:
     """What torch writes through a creation's store is noted for this rank to delete (every
     writing call), with the prefix the store gives it; what it only reads is not."""
-    from reloadpg_autopatch.groups import process, written
+    from reloadpg_autopatch.groups import process
+    from reloadpg_autopatch.groups.store import written
 
     target = dist.HashStore()
     rounds = process.current().rounds
@@ -114,6 +115,6 @@ def test_recording_notes_each_key_this_rank_writes_under_its_prefix() -> None:
         prefix + k for k in ("1//cpu//0/0", "1//barrier", "1//log", "1//claimed", "1//m0", "1//m1")
     ]
     assert all(target.check([key]) for key in noted)
-    assert all(leftovers.delete(target, key) for key in noted)
+    assert all(sweep.delete(target, key) for key in noted)
     assert not any(target.check([key]) for key in noted)
     rounds.written = []

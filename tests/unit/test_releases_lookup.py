@@ -1,7 +1,7 @@
 """Megatron's releases are read from modules already imported, never imported for it.
 
 The lookup runs at every destroy that begins a cycle, in every process of a job, Megatron or
-not; the whole path (a destroy running them on gloo ranks) is ``tests/ranks/test_releases.py``.
+not; the whole path (a destroy running them on gloo ranks) is ``tests/ranks/test_hooks.py``.
 The oracle is ``sys.modules`` in a fresh interpreter, before and after.
 """
 

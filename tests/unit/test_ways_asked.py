@@ -10,7 +10,6 @@ import pytest
 
 from reloadpg_autopatch.groups import ways
 from reloadpg_autopatch.patching import install
-from reloadpg_autopatch.tools import doctor
 
 
 @pytest.mark.parametrize("answer", [True, False])
@@ -28,12 +27,23 @@ def test_the_doctor_asks_the_ways_and_reports_their_problem(monkeypatch: Any) ->
         asked.append((group, backend))
         return "a spy's action", "a spy's problem"
 
+    from reloadpg_autopatch.groups import lifecycle
+    from reloadpg_autopatch.tools.doctor import Report, gather
+
+    class Group:
+        """A group torch does not know, of a backend that says its name."""
+
+        def _get_backend_name(self) -> str:
+            return "spy"
+
+    group = Group()
     monkeypatch.setattr(ways, "explain", explain)
-    report = doctor.Report()
-    group = object()
-    assert doctor._action(report, "gloo", group) == "a spy's action"
-    assert asked == [(group, "gloo")]
-    assert report.problems == ["a spy's problem"]
+    monkeypatch.setattr(lifecycle, "reloadable_groups", lambda: [group])
+    report = Report()
+    gather.ways(report)
+    assert report.fidelity["mode"]["backends"]["spy"] == "a spy's action"
+    assert asked[-1] == (group, "spy")  # after WORLD, where an earlier test left one
+    assert report.problems == ["a spy's problem"] * len(asked)
 
 
 @pytest.mark.parametrize("mode", ["wrapper", "native", "suspend", "auto"])

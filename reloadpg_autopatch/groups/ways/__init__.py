@@ -21,6 +21,7 @@ from .. import mode as modes
 from .base import Way, missing_steps
 from .inplace import IN_PLACE, InPlace
 from .suspend import SUSPEND, SUSPEND_WRAPPED, Suspend, SuspendWrapped, torch_has_pre_hooks
+from .suspend import awake as suspend_awake
 from .wrapper import WRAPPER, Wrapper
 
 __all__ = [
@@ -83,6 +84,18 @@ class Builtin(metaclass=_Ways):
     SUSPEND_WRAPPED = SUSPEND_WRAPPED
 
 
+def declined(native: Any) -> bool:
+    """Whether a group the wrap policy left torch's own stays so, awake: the way that may take
+    such a group (suspend) cannot take it on this rank (then it names it to its peers)."""
+    return suspend_awake.decline(native)
+
+
+def left_alone(native: Any) -> Any:
+    """A new group no way takes here (``choose`` said None): torch's own and awake, named to
+    its peers at every destroy, in case one of them would have it sleep."""
+    return suspend_awake.leave_awake(native)
+
+
 def register(way: Way, *, mode: str | None = None) -> Way:
     """Make ``way`` known; with ``mode``, a reload mode of that name that chooses it alone.
 
@@ -138,22 +151,23 @@ def candidates_for(group: Any) -> list[Way]:
     return candidates
 
 
-def choose(group: Any, *, world_swaps: bool) -> Way | None:
+def choose(group: Any, *, refuse: Callable[[Way], str | None] | None = None) -> Way | None:
     """The way of a new member's group, per the mode in force; None: left alone, awake.
 
-    ``world_swaps``: WORLD is swapped on destroy, which destroys every group torch knows, so
-    only a group behind a wrapper survives it. A mode with one way refuses a group that way
-    cannot take (``ModeRefusedError``, naming why), except a group that way leaves awake.
+    ``refuse``: why the world around the group refuses a way (a WORLD swapped at every destroy
+    leaves only ``makes_anew`` ways: ``world.facts.choose_group_way``). A mode with one way
+    refuses a group that way cannot take (``ModeRefusedError``, naming why), except a group
+    that way leaves awake.
     """
     candidates = candidates_for(group)
     for way in candidates:
-        refusal = way.refusal(group, world_swaps=world_swaps)
+        refusal = way.refusal(group) or (refuse(way) if refuse is not None else None)
         if refusal is None:
             return way
         if len(candidates) == 1:
             if way.stays_awake(group):
                 return None
-            raise way.strict_error(_name(group), refusal, world_swaps)
+            raise way.strict_error(_name(group), refusal)
     return WRAPPER
 
 
@@ -166,7 +180,7 @@ def explain(group: Any, backend: str) -> tuple[str, str | None]:
     candidates = candidates_for(group)
     refused: list[tuple[Way, str]] = []
     for way in candidates:
-        refusal = way.refusal(group, world_swaps=False)
+        refusal = way.refusal(group)
         if refusal is None:
             text = way.explain()
             for other, why in reversed(refused):

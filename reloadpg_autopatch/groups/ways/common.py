@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from ..._env import MODE_ENV
 from ...errors import ModeRefusedError, format_ranks
-from .. import mode, participants
+from .. import mode
 from ..agreement import FREE, KEEP, DestroyAnswers, ranks_of
 from ..decisions import DestroyStep
 from ..record import Record, State
 from ..runs import DestroyRun
+from ..store import channel
 
 #: The step each common way gives a member.
 STEPS = {FREE: DestroyStep.FREE_WRAPPED, KEEP: DestroyStep.KEEP_RESIDENT}
@@ -93,7 +94,7 @@ def settle(run: DestroyRun) -> None:
             else f"groups {', '.join(map(repr, stuck))} have no way every member can take"
         )
         raise ModeRefusedError(
-            f"destroy_process_groups() ({participants.where('destroy')}): the ranks would take "
+            f"destroy_process_groups() ({channel.where('destroy')}): the ranks would take "
             f"different ways for {_explain(agreed, names)}. {why}: nothing was suspended or "
             "destroyed on any rank. Give every rank the same environment (NCCL's variables "
             "and the mode in the runtime_env of every node), or use mode 'auto' on every rank, "

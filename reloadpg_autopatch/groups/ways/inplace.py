@@ -22,12 +22,13 @@ from torch.distributed import distributed_c10d as c10d
 from ..._env import MODE_ENV
 from ..._originals import original
 from ...errors import ModeRefusedError
-from .. import backends, frees, guard, memory, participants, process, rendezvous, written
+from .. import backends, frees, guard, memory, process
 from ..agreement import KEEP
 from ..backends import device_backends
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
 from ..record import Record, State
 from ..runs import DestroyRun, ReloadRun
+from ..store import channel, rounds, written
 from .base import Way
 
 
@@ -73,29 +74,27 @@ def release(group: Any, label: str) -> None:
 
 
 def _uuid(holder: process.ProcessState, name: str) -> int:
-    digest = hashlib.sha256(
-        holder.key("reload", "uuid", participants.token(), name).encode()
-    ).digest()
+    digest = hashlib.sha256(holder.key("reload", "uuid", channel.token(), name).encode()).digest()
     return int.from_bytes(digest[:7], "big")  # fits the int64 torch takes
 
 
 def rebuild(group: Any, name: str, timeout: timedelta | None) -> None:
     """Reconfigure ``group`` in place with its members' fresh handles (every member calls)."""
     holder = process.current()
-    bound = participants.world_timeout()
+    bound = channel.world_timeout()
     # One key written and one read per member; the last member to arrive combines them.
     handles = [
         handle.decode()
-        for handle in rendezvous.exchange(
-            participants.base_store(),
-            holder.key("reload", "handle", participants.token(), name),
+        for handle in rounds.exchange(
+            channel.base_store(),
+            holder.key("reload", "handle", channel.token(), name),
             group.rank(),
             group.size(),
             group.get_reconfigure_handle(),
             # A missing member fails this within WORLD's timeout, not the group's own.
             timeout=min(timeout, bound) if timeout else bound,
             step=f"reload: handles of group {name!r}",
-            cycle=participants.where("reload"),
+            cycle=channel.where("reload"),
         )
     ]
     uuid = _uuid(holder, name)
@@ -106,13 +105,6 @@ def rebuild(group: Any, name: str, timeout: timedelta | None) -> None:
     written.reconfigured(group, c10d._world.pg_map[group][1], uuid)
 
 
-#: Why no group reloads in place while WORLD is swapped.
-WORLD_SWAPS = (
-    "WORLD is registered and swapped for a temporary WORLD on destroy, which destroys every "
-    "group; register WORLD in native mode too"
-)
-
-
 class InPlace(Way):
     """Torch's own group object, its communicator shut down and reconfigured (torch 2.14)."""
 
@@ -120,13 +112,10 @@ class InPlace(Way):
     torch_object: ClassVar[bool] = True
     in_place: ClassVar[bool] = True
 
-    def refusal(self, group: Any, *, world_swaps: bool) -> str | None:
-        refusal = in_place_refusal(group)
-        if refusal is None and world_swaps:
-            return WORLD_SWAPS
-        return refusal
+    def refusal(self, group: Any) -> str | None:
+        return in_place_refusal(group)
 
-    def strict_error(self, name: str, refusal: str, world_swaps: bool) -> ModeRefusedError:
+    def strict_error(self, name: str, refusal: str) -> ModeRefusedError:
         return ModeRefusedError(
             f"{MODE_ENV}=native (or set_reload_mode('native')) but group {name!r} cannot be "
             f"reloaded in place: {refusal}; use mode 'auto' to reload such groups behind a "
@@ -157,7 +146,7 @@ class InPlace(Way):
         return ReloadStep.REFUSE_RELEASED_HERE  # only a member reloads in place: released here
 
     def made_while_asleep_step(self, facts: ReloadFacts) -> ReloadStep:
-        return ReloadStep.REFUSE_TORN_DOWN if facts.world_restored else ReloadStep.NOTHING
+        return ReloadStep.REFUSE_TORN_DOWN if facts.torn_down else ReloadStep.NOTHING
 
     def creates_nothing(self, record: Record) -> bool:
         return True

@@ -10,15 +10,16 @@ point): ``wake_before_world_ends``.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from torch.distributed import distributed_c10d as c10d
 
-from .. import participants, process, registry
+from .. import process, registry
 from ..record import State
 from ..runs import ReloadRun
 from ..stepping import begin_world, nothing_to_do, threaded_world
-from ..ways.suspend.way import forget_left_awake
-from ..ways.wrapper import binding
+from ..store import channel
+from ..ways.wrapper import ReloadableProcessGroup, binding
 from . import settings_round
 
 logger = logging.getLogger("reloadpg_autopatch")
@@ -58,11 +59,34 @@ def end_world() -> None:
             if record.state is not State.ENDED:
                 record.move(State.ENDED)
         registry.prune()
-        participants.tidy()
+        channel.tidy()
         _forget(holder)
         registry.belong_to(None, again=True)
-        forget_left_awake()
+        holder.ways = {}  # what each way kept belonged to the world that ended
         begin_world(holder)
+
+
+def native_world() -> Any:
+    """The native group serving as WORLD now (behind the stand-in when WORLD is swapped or
+    suspended behind it)."""
+    default = c10d._world.default_pg
+    if isinstance(default, ReloadableProcessGroup):
+        return default.group if default.group is not None else default._record.native
+    return default
+
+
+def destroy_group_or_world(destroy: Any, native: Any) -> Any:
+    """torch's ``destroy_process_group`` (``destroy``) of ``native``: one group, or WORLD.
+
+    Given WORLD (behind its stand-in or not), or nothing, torch destroys every group: the
+    communicators that sleep suspended are resumed first, and this world's records end.
+    """
+    if native is not None and native is not native_world():
+        return destroy(native)
+    wake_before_world_ends()  # a suspended communicator is resumed first
+    result = destroy()  # torch destroys every group
+    end_world()
+    return result
 
 
 def wake_before_world_ends() -> None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ...errors import RegistrationError, ReloadPGError
-from .. import backends, mode, names, participants, process, registry
+from .. import backends, names, process, registry, torch_class
 from ..backends import component_names, device_backends, holds_accelerator_memory
 from ..record import State
 from ..ways.wrapper import ReloadableProcessGroup
@@ -195,7 +195,7 @@ def register_default_process_group(
                 line,
             )
     if way is not None and way.torch_object:
-        mode.copy_as_handle()
+        torch_class.handed()
     world = Registration(
         backend=backend,
         timeout=timeout
@@ -235,14 +235,6 @@ def register_default_process_group(
     )
 
 
-def destroys_every_group() -> bool:
-    """Whether every group must be reloadable once WORLD is registered (slime's rule): a
-    destroy of WORLD tears down every group torch knows. A WORLD that suspends does not."""
-    world = participants.registration()
-    record = world.record if world is not None else None
-    return world is not None and not (record is not None and record.way.suspends)
-
-
 def _same_registration(
     world: Registration,
     timeout: timedelta | None,
@@ -268,9 +260,3 @@ def _same_registration(
         "WORLD once, right after init_process_group(); to change it, destroy WORLD "
         "(torch.distributed.destroy_process_group()) and start a new one"
     )
-
-
-def needs_swap() -> bool:
-    """Whether the next destroy replaces WORLD (registered, accelerator, not swapped yet)."""
-    world = participants.registration()
-    return world is not None and world.swap and not world.swapped

@@ -25,9 +25,10 @@ from typing import Any
 
 from ... import _env
 from ...errors import ModeRefusedError, PeerMissingError, format_ranks
-from .. import mode, participants, process
+from .. import mode, process
 from ..agreement import merge_by_rank, ranks_of
 from ..stepping import threaded_world
+from ..store import channel
 from ..ways import MODES as WAYS_OF_MODE
 from ..ways.suspend.capability import VARIABLES as NCCL_VARIABLES
 
@@ -118,13 +119,13 @@ def agree_once(call: str) -> None:
     mine = local()
     world.settings_agreed = True  # one round per world, whatever it gives
     try:
-        merged = participants.agree("world", "settings", json.dumps(mine).encode(), _merge)
+        merged = channel.agree("world", "settings", json.dumps(mine).encode(), _merge)
     except PeerMissingError as error:
         world.settings_error = PeerMissingError(
             f"{call}: {error}{NOT_ACTIVE if error.missing else ''}", error.missing, error.step
         )
         raise world.settings_error from error
-    with participants.agreed_outcome():
+    with channel.agreed_outcome():
         why = refusal(json.loads(merged), mine)
         if why is not None:
             world.settings_error = ModeRefusedError(f"{call}: {why}")

@@ -25,8 +25,9 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ...errors import ReloadPGError, WorldLostError
-from .. import aliases, backends, faults, frees, names, participants, process, registry, written
+from .. import aliases, backends, faults, frees, names, process, registry
 from ..stepping import lose_world
+from ..store import channel, written
 from ..ways.wrapper import ReloadableProcessGroup
 from . import carry
 from .end import end_world
@@ -112,7 +113,7 @@ def _init_world(world: Any, backend: str, step: str) -> None:
             if not frees.stuck(error):
                 raise
             raise _lost(error, temporary) from None  # torch tore every group down
-        key = holder.key(step, "world", participants.token(), backend)
+        key = holder.key(step, "world", channel.token(), backend)
         store = written.recording("world", key + "/")  # each rank deletes what it writes
         kwargs: dict[str, Any] = {}
         if backend == world.backend:
@@ -140,7 +141,7 @@ def _init_world(world: Any, backend: str, step: str) -> None:
             )
             failure = faults.failure(
                 what,
-                participants.where(step),
+                channel.where(step),
                 store=world.store,
                 key=key,
                 ranks=range(world.world_size),
@@ -197,18 +198,9 @@ def make_default(stand_in: ReloadableProcessGroup) -> None:
     registry.belong_to(stand_in, again=True)
 
 
-def native_world() -> Any:
-    """The native group serving as WORLD now (behind the stand-in when WORLD is swapped or
-    suspended behind it)."""
-    default = c10d._world.default_pg
-    if isinstance(default, ReloadableProcessGroup):
-        return default.group if default.group is not None else default._record.native
-    return default
-
-
 def swap_out() -> None:
-    """Replace the accelerator WORLD with the temporary one (callers check ``needs_swap``)."""
-    world = participants.registration()
+    """Replace the accelerator WORLD with the temporary one (callers check ``facts.needs_swap``)."""
+    world = channel.registration()
     assert world is not None
     refresh_timeout(world)
     _init_world(world, world.temporary_backend, "destroy")
@@ -220,7 +212,7 @@ def swap_out() -> None:
 
 def swap_in() -> bool:
     """Restore the original WORLD if it was swapped out. Returns whether it did."""
-    world = participants.registration()
+    world = channel.registration()
     if world is None or not world.swapped:
         return False
     _init_world(world, world.backend, "reload")

@@ -5,7 +5,7 @@ WORLD differs from a group in what it is (torch's default group: reports name it
 program never releases it, the hooks get the default group) and in one way of its own: the
 swap, WORLD behind its stand-in, which is its wrapper way. A destroy replaces an accelerator
 WORLD with a temporary CPU WORLD (torch cannot run without a default group) and a reload
-restores it, which tears down every group torch knew (``ReloadRun.restored``).
+restores it, which tears down every group torch knew (``ReloadRun.torn_down``).
 """
 
 from __future__ import annotations
@@ -16,18 +16,23 @@ from torch.distributed import distributed_c10d as c10d
 
 from ..._env import MODE_ENV
 from ...errors import ModeRefusedError, ReloadPGError
-from .. import frees, guard, mode, participants
+from .. import frees, guard
+from .. import ways as group_ways
 from ..agreement import DestroyAnswers, ReloadAnswers
 from ..backends import holds_accelerator_memory
 from ..decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
 from ..record import Record, State
 from ..runs import DestroyRun, ReloadRun
+from ..store import channel
 from ..ways import register
 from ..ways.base import Way
 from ..ways.inplace import InPlace, in_place_refusal, rebuild, release
 from ..ways.suspend import Suspend, SuspendWrapped, capability, suspend_refusal
-from ..ways.suspend import torch_has_pre_hooks as _hooks
-from . import carry, swap
+from ..ways.wrapper import Wrapper
+from . import carry, facts, swap
+
+#: ``world_refusal``'s answer for a WORLD that stays awake under that way, untouched.
+AWAKE = "stays awake"
 
 
 class _World:
@@ -35,6 +40,16 @@ class _World:
     in the report's per-group outcomes), freed after every group."""
 
     frees_last: ClassVar[bool] = True
+
+    def world_refusal(
+        self, group: Any, backend: str, named: bool, chosen: tuple[str, ...] | None
+    ) -> str | None:
+        """Why WORLD cannot take this way (None: it can; ``AWAKE``: it stays awake)."""
+        raise NotImplementedError
+
+    def world_strict_error(self, group: Any, backend: str, refusal: str) -> ModeRefusedError:
+        """The error of a mode with this way alone, for a WORLD it cannot take."""
+        return self.strict_error(str(group.group_name), refusal)
 
     def note(self, run: DestroyRun | ReloadRun, outcome: str, record: Record) -> None:
         pass
@@ -72,10 +87,18 @@ class WorldSwap(_World, Way):
 
     name: ClassVar[str] = "WORLD swapped for a temporary WORLD"
 
+    def world_refusal(
+        self, group: Any, backend: str, named: bool, chosen: tuple[str, ...] | None
+    ) -> str | None:
+        """Swapped where its backend holds accelerator memory (as torch registers it), or
+        where ``accelerator_backends`` names it; else it stays awake."""
+        swapped = named if chosen is not None else holds_accelerator_memory(backend)
+        return None if swapped else AWAKE
+
     @staticmethod
     def answer_destroy_for_rank(answers: DestroyAnswers) -> None:
         """The groups left alone that this torch would reach through the swap anyway."""
-        if _swaps_next():
+        if facts.needs_swap():
             answers.untouchable.extend(carry.obstacles(carry.left_alone()))
 
     @staticmethod
@@ -85,14 +108,14 @@ class WorldSwap(_World, Way):
         agreed = run.agreed
         if agreed is not None and agreed.untouchable:
             raise ReloadPGError(
-                f"destroy_process_groups() ({participants.where('destroy')}): WORLD is swapped "
+                f"destroy_process_groups() ({channel.where('destroy')}): WORLD is swapped "
                 "for a temporary WORLD on destroy, which torch does by destroying WORLD, and "
                 "that would end groups this package did not make: "
                 f"{'; '.join(sorted(agreed.untouchable))}. Nothing was destroyed on any rank. "
                 "Destroy those groups first (torch.distributed.destroy_process_group(group)), "
                 "or register WORLD in a mode that keeps it (suspend, native)"
             )
-        if participants.registration() is not None:
+        if channel.registration() is not None:
             left = carry.left_alone()
             if left:
                 run.part.left_alone = carry.report(left)
@@ -118,8 +141,8 @@ class WorldSwap(_World, Way):
     def recreate(self, record: Record, run: ReloadRun) -> None:
         swap.swap_in()
         record.move(State.LIVE)
-        run.restored = True  # torch tore down every group it knew
-        stand_in = participants.registration().stand_in
+        run.torn_down = True  # torch tore down every group it knew
+        stand_in = channel.registration().stand_in
         run.rebuilt.append(stand_in)
         guard.arm(stand_in)
 
@@ -129,8 +152,13 @@ class WorldInPlace(_World, InPlace):
 
     name: ClassVar[str] = "WORLD in place"
 
+    def world_refusal(
+        self, group: Any, backend: str, named: bool, chosen: tuple[str, ...] | None
+    ) -> str | None:
+        return in_place_refusal(group)
+
     def free(self, record: Record, run: DestroyRun) -> None:
-        registered = participants.registration()
+        registered = channel.registration()
         swap.refresh_timeout(registered)
         release(c10d._get_default_group(), "WORLD")
         record.move(State.DESTROYED)
@@ -139,18 +167,39 @@ class WorldInPlace(_World, InPlace):
         return "swap" if isinstance(step, ReloadStep) else super().phase(step)
 
     def rebuild(self, record: Record, run: ReloadRun) -> None:
-        rebuild(c10d._get_default_group(), "WORLD", participants.registration().timeout)
+        rebuild(c10d._get_default_group(), "WORLD", channel.registration().timeout)
         record.move(State.LIVE)
         run.rebuilt.append(c10d._get_default_group())
 
 
-class WorldSuspend(_World, Suspend):
+class _SleepsSuspended(_World):
+    """WORLD as the suspend ways take it."""
+
+    def world_refusal(
+        self, group: Any, backend: str, named: bool, chosen: tuple[str, ...] | None
+    ) -> str | None:
+        """Suspended where it can; a WORLD on CPU backends only, not named and holding no
+        accelerator memory as torch registers it, stays awake, as gloo groups do."""
+        found = capability(group)
+        refusal = suspend_refusal(group, found)
+        awake = found.cpu_only and not named and not holds_accelerator_memory(backend)
+        return AWAKE if refusal is not None and awake else refusal
+
+    def world_strict_error(self, group: Any, backend: str, refusal: str) -> ModeRefusedError:
+        return ModeRefusedError(
+            f"{MODE_ENV}=suspend (or set_reload_mode('suspend')) but WORLD ({backend}) "
+            f"cannot be suspended in place: {refusal}; use mode 'auto' to swap it for a "
+            "temporary WORLD instead"
+        )
+
+
+class WorldSuspend(_SleepsSuspended, Suspend):
     """WORLD suspended in place, torch's own default group guarded by a pre-hook."""
 
     name: ClassVar[str] = "WORLD suspended in place"
 
 
-class WorldSuspendWrapped(_World, SuspendWrapped):
+class WorldSuspendWrapped(_SleepsSuspended, SuspendWrapped):
     """WORLD suspended in place behind its stand-in (torch 2.13)."""
 
     name: ClassVar[str] = "WORLD suspended behind its stand-in"
@@ -162,56 +211,42 @@ class WorldSuspendWrapped(_World, SuspendWrapped):
         return DestroyStep.KEEP_RESIDENT  # nor freed behind its stand-in
 
 
-def _swaps_next() -> bool:
-    """Whether this destroy swaps WORLD (registered to be swapped, and not swapped yet)."""
-    world = participants.registration()
-    return (
-        world is not None
-        and world.record is not None
-        and world.record.way is SWAP
-        and (not world.swapped)
-    )
-
-
 SWAP = register(WorldSwap())
 IN_PLACE = register(WorldInPlace())
 SUSPEND = register(WorldSuspend())
 SUSPEND_WRAPPED = register(WorldSuspendWrapped())
 
 
+#: WORLD's way for each way a mode may choose for a group (exactly that class: a mode whose
+#: ways have no WORLD way keeps WORLD awake).
+STANDS_FOR: dict[type, Way] = {
+    Wrapper: SWAP,
+    InPlace: IN_PLACE,
+    Suspend: SUSPEND,
+    SuspendWrapped: SUSPEND_WRAPPED,
+}
+
+
 def choose(default_group: Any, backend: str, named: bool, chosen: tuple[str, ...] | None) -> Any:
     """WORLD's way, per the mode in force (None: it stays awake, as it is).
 
-    Suspend where the mode and the backend allow; else in place where the mode allows and
-    torch can; else swapped when its backend holds accelerator memory (or is named in
-    ``accelerator_backends``). In ``suspend`` and ``auto`` modes a WORLD whose backends serve
-    the CPU only, not named and holding no accelerator memory as torch registers it, stays
-    awake, as gloo groups do (never shut down and reconfigured); in ``suspend`` mode a WORLD
-    that cannot suspend and is not such is refused.
+    The mode's own ways, in its order (``ways.candidates_for``, which also keeps a one-rank
+    WORLD from suspending in ``auto``), each as WORLD takes it: suspended where the backend can;
+    in place where torch can; swapped when its backend holds accelerator memory (or is named
+    in ``accelerator_backends``). A WORLD whose backends serve the CPU only, not named and
+    holding no accelerator memory as torch registers it, stays awake, as gloo groups do. A
+    mode with one way refuses a WORLD that way cannot take.
     """
-    chosen_mode = mode.get_reload_mode()
-    # auto: a one-rank WORLD is swapped or rebuilt, never suspended (``ways.candidates_for``).
-    alone = chosen_mode == "auto" and default_group.size() == 1
-    if chosen_mode in ("suspend", "auto") and not alone:
-        found = capability(default_group)
-        refusal = suspend_refusal(default_group, found)
+    candidates = group_ways.candidates_for(default_group)
+    for candidate in candidates:
+        world_way = STANDS_FOR.get(type(candidate))
+        if world_way is None:
+            continue  # no WORLD way stands for it: WORLD stays awake under it
+        refusal = world_way.world_refusal(default_group, backend, named, chosen)
         if refusal is None:
-            return SUSPEND if _hooks() else SUSPEND_WRAPPED
-        if found.cpu_only and not named:
-            if not holds_accelerator_memory(backend):
-                return None  # it holds no accelerator memory: awake, as gloo groups stay
-        elif chosen_mode == "suspend":
-            raise ModeRefusedError(
-                f"{MODE_ENV}=suspend (or set_reload_mode('suspend')) but WORLD ({backend}) "
-                f"cannot be suspended in place: {refusal}; use mode 'auto' to swap it for a "
-                "temporary WORLD instead"
-            )
-    if chosen_mode != "wrapper":
-        refusal = in_place_refusal(default_group)
-        if refusal is None:
-            return IN_PLACE
-        if chosen_mode == "native":
-            raise IN_PLACE.strict_error(str(default_group.group_name), refusal, False)
-    if chosen is None:
-        return SWAP if holds_accelerator_memory(backend) else None
-    return SWAP if named else None
+            return world_way
+        if refusal is AWAKE:
+            return None
+        if len(candidates) == 1:
+            raise world_way.world_strict_error(default_group, backend, refusal)
+    return None

@@ -27,7 +27,7 @@ def main() -> None:
 
     if how == "explicit":
         rpg.monkey_patch_torch_dist()
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

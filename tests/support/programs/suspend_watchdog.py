@@ -35,7 +35,7 @@ def main() -> None:
     import torch.distributed as dist
 
     import reloadpg_autopatch as rpg
-    from tests.support import suspendable as s
+    from reloadpg_autopatch.tools import cpu_nccl as s
 
     assert rpg.is_patched(), "the gate did not patch this rank at start-up"
     s.register()

@@ -31,7 +31,13 @@ class Answering:
 
     @staticmethod
     def after_destroy_agreement(run: DestroyRun) -> None:
-        """Check what every rank agreed before anything sleeps (once per kind of way)."""
+        """Read and check what every rank agreed before anything sleeps (once per kind of
+        way): its own section of the agreement, into ``run.scratch``."""
+
+    def verdict(self, record: Record, run: DestroyRun) -> Any:
+        """What the ranks agreed about ``record`` in this way's own section (``DestroyFacts``'
+        ``verdict``): None for a way that asks nothing there."""
+        return None
 
     def resume_need(self, record: Record) -> list[tuple[Any, int]]:
         """What waking ``record`` allocates again here: ``(device, bytes)`` (the preflight)."""

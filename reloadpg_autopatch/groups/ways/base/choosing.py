@@ -20,12 +20,15 @@ class Choosing:
     suspends: ClassVar[bool] = False
     #: Its free comes after every other one of a destroy (its swap tears down every group).
     frees_last: ClassVar[bool] = False
+    #: Each reload makes a new native group for it (behind its wrapper): nothing that tears
+    #: every group down between a destroy and a reload can break it.
+    makes_anew: ClassVar[bool] = False
 
     def available(self) -> bool:
         """Whether this torch can do it at all."""
         return True
 
-    def refusal(self, group: Any, *, world_swaps: bool) -> str | None:
+    def refusal(self, group: Any) -> str | None:
         """Why this way cannot take ``group`` (None: it can)."""
         return None
 
@@ -33,7 +36,7 @@ class Choosing:
         """Whether a group it cannot take is left alone, awake, rather than refused."""
         return False
 
-    def strict_error(self, name: str, refusal: str, world_swaps: bool) -> ModeRefusedError:
+    def strict_error(self, name: str, refusal: str) -> ModeRefusedError:
         """The error of a mode that allows only this way, for a group it cannot take."""
         return ModeRefusedError(f"group {name!r} cannot be reloaded {self.name}: {refusal}")
 

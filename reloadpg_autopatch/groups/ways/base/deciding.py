@@ -59,7 +59,7 @@ class Deciding:
 
     def in_place_wake_step(self, facts: ReloadFacts) -> ReloadStep:
         """A reload of torch's own object whose communicator a destroy shut down in place."""
-        if facts.world_restored:
+        if facts.torn_down:
             return ReloadStep.REFUSE_TORN_DOWN
         if facts.released_by_a_member:
             return ReloadStep.REFUSE_RELEASED_BY_A_MEMBER
@@ -72,9 +72,9 @@ class Deciding:
         return ReloadStep.TAKE_PART  # torch creates groups collectively
 
     def made_while_asleep_step(self, facts: ReloadFacts) -> ReloadStep:
-        """A live group at a reload: made while asleep, and torn down if WORLD was restored
+        """A live group at a reload: made while asleep, and perhaps torn down since
         (then made again behind its wrapper; torch's own object cannot be)."""
-        if not facts.world_restored:
+        if not facts.torn_down:
             return ReloadStep.NOTHING
         return (
             ReloadStep.REFUSE_TORN_DOWN if self.torch_object else ReloadStep.RECREATE_AFTER_RESTORE

@@ -3,6 +3,7 @@ what a backend can do (``capability``), the guard while asleep (``guard``) and t
 (``watchdog``)."""
 
 from ...watchdog import suspend_timeout
+from .awake import leave_awake
 from .capability import (
     Capability,
     capability,
@@ -14,7 +15,7 @@ from .capability import (
     version_refusal,
 )
 from .guard import HOOK_ID, Sleep, guard_error
-from .way import SUSPEND, Suspend, leave_awake
+from .way import SUSPEND, Suspend
 from .wrapped import SUSPEND_WRAPPED, SuspendWrapped
 
 __all__ = [

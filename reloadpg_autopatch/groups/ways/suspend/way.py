@@ -16,16 +16,20 @@ from typing import Any, ClassVar
 
 from ...._env import MODE_ENV
 from ....errors import GroupBrokenError, ModeRefusedError, ReloadPGError
-from ... import mode, participants, process
+from ... import mode
 from ...agreement import KEEP, DestroyAnswers
-from ...decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep, Verdict
+from ...decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
 from ...memory import human
 from ...record import Record, State
 from ...runs import DestroyRun, ReloadRun
-from ...watchdog import call, suspend_timeout
+from ...store import channel
+from ...watchdog import call
 from ..base import Way
 from ..inplace import IN_PLACE, in_place_refusal
 from ..wrapper import binding
+from .agreed import note_freed_instead, read_agreed, suspend_seconds, verdict_of
+from .answers import SuspendAnswers
+from .awake import still_known
 from .capability import (
     OK,
     capability,
@@ -35,46 +39,7 @@ from .capability import (
     variables,
 )
 from .guard import Sleep, guard_error, hook_off, hook_on, stats_of
-
-#: Why no group suspends while WORLD is swapped.
-WORLD_SWAPS = (
-    "WORLD is registered and swapped for a temporary WORLD on destroy, which destroys every "
-    "group; register WORLD in suspend mode too"
-)
-
-
-def leave_awake(native: Any) -> Any:
-    """Remember a group this rank leaves awake while a peer may suspend it; return it."""
-    holder = process.current()
-    with holder.lock:
-        holder.left_awake.add(str(native.group_name))
-    return native
-
-
-def forget_left_awake() -> None:
-    """A new world starts with nothing left awake from the one that ended."""
-    holder = process.current()
-    with holder.lock:
-        holder.left_awake = set()
-
-
-def _still_known() -> list[str]:
-    """The groups this rank left awake that torch still knows (the others are forgotten)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    holder = process.current()
-    if not holder.left_awake:
-        return []
-    known = {str(name) for name in c10d._world.pg_names.values()}
-    with holder.lock:
-        holder.left_awake &= known
-        return sorted(holder.left_awake)
-
-
-def _seconds(run: DestroyRun | ReloadRun) -> float:
-    if run.suspend_seconds is None:
-        run.suspend_seconds = suspend_timeout(participants.world_timeout())
-    return run.suspend_seconds
+from .verdicts import Verdict
 
 
 class Suspend(Way):
@@ -86,18 +51,15 @@ class Suspend(Way):
 
     # ---- choosing ----
 
-    def refusal(self, group: Any, *, world_swaps: bool) -> str | None:
+    def refusal(self, group: Any) -> str | None:
         found = capability(group) if torch_can_suspend() else None
-        refusal = suspend_refusal(group, found)
-        if refusal is None and world_swaps:
-            return WORLD_SWAPS
-        return refusal
+        return suspend_refusal(group, found)
 
     def stays_awake(self, group: Any) -> bool:
         """A group on CPU backends only holds no accelerator memory: left alone, awake."""
         return torch_can_suspend() and capability(group).cpu_only
 
-    def strict_error(self, name: str, refusal: str, world_swaps: bool) -> ModeRefusedError:
+    def strict_error(self, name: str, refusal: str) -> ModeRefusedError:
         return ModeRefusedError(
             f"{MODE_ENV}=suspend (or set_reload_mode('suspend')) but group {name!r} cannot be "
             f"suspended in place: {refusal}; use mode 'auto' to reload such groups another way"
@@ -164,6 +126,7 @@ class Suspend(Way):
         if not record.member:
             return
         name = str(record.name)
+        answers = answers.section(SuspendAnswers)
         if binding.abandoned(record) or record.state is State.RELEASED:
             # Let go here (dropped, or destroy_process_group(g) while awake): no peer may
             # enter its barrier, which this rank will never join.
@@ -179,7 +142,7 @@ class Suspend(Way):
             (answers.ok if answer == OK else answers.uninitialized).append(name)
         self._answer_share(record, found, answers)
 
-    def _answer_share(self, record: Record, found: Any, answers: DestroyAnswers) -> None:
+    def _answer_share(self, record: Record, found: Any, answers: SuspendAnswers) -> None:
         """Outside ``suspend`` mode, a group a suspend would free little of is worth freeing
         instead (a one-rank or inter-node communicator keeps its network buffers asleep)."""
         share = found.freed_share
@@ -194,38 +157,19 @@ class Suspend(Way):
 
     @staticmethod
     def answer_destroy_for_rank(answers: DestroyAnswers) -> None:
-        answers.awake.extend(_still_known())
+        left = still_known()
+        if left:
+            answers.section(SuspendAnswers).awake.extend(left)
         answers.settings.update(variables())
 
     @staticmethod
     def after_destroy_agreement(run: DestroyRun) -> None:
-        """In ``suspend`` mode a group some member cannot suspend (or left awake) is refused,
-        alike on every rank, before anything sleeps."""
-        agreed = run.agreed
-        if agreed is None or mode.get_reload_mode() != "suspend":
-            return
-        awake = set(agreed.awake)
-        refused = sorted(n for n, v in run.verdicts.items() if v is Verdict.FALLBACK or n in awake)
-        if not refused:
-            return
-        named = tuple(f"group {name!r}:" for name in refused)
-        reasons = {why for why in agreed.why if why.startswith(named)} | {
-            f"group {name!r}: its members answered differently (it can suspend on some; on "
-            "others its backends serve only the CPU or do not support suspend, so it was left "
-            "awake)"
-            for name in refused
-            if name in awake
-        }
-        why = "; ".join(sorted(reasons)) or (
-            "its members' communicators answered differently (initialized on some, not yet on "
-            "others)"
-        )
-        raise ModeRefusedError(
-            f"destroy_process_groups() ({participants.where('destroy')}): {MODE_ENV}=suspend, "
-            f"but groups {', '.join(map(repr, refused))} cannot be suspended on every member: "
-            f"{why}. Nothing was suspended or destroyed on any rank; use mode 'auto' to reload "
-            "such groups another way"
-        )
+        """Each group's verdict, read once; ``suspend`` mode refuses, alike on every rank, a
+        group some member cannot suspend (``agreed``)."""
+        read_agreed(run)
+
+    def verdict(self, record: Record, run: DestroyRun) -> Any:
+        return verdict_of(record, run)
 
     # ---- sleeping ----
 
@@ -243,11 +187,8 @@ class Suspend(Way):
         sleep = record.sleep
         try:
             for device, backend in sleep.legs:
-                what = (
-                    f"suspend() of {self.label(record)} on {device} "
-                    f"({participants.where('destroy')})"
-                )
-                sleep.suspend_ms += call(backend, "suspend", what, _seconds(run))
+                what = f"suspend() of {self.label(record)} on {device} ({channel.where('destroy')})"
+                sleep.suspend_ms += call(backend, "suspend", what, suspend_seconds(run))
             sleep.asleep = stats_of(sleep.legs)
         except Exception as error:
             record.move(State.BROKEN)
@@ -266,21 +207,13 @@ class Suspend(Way):
 
     def note_freed_instead(self, record: Record, run: DestroyRun) -> None:
         """Name a group freed instead of suspended, and why, in the destroy's report."""
-        name = str(record.name)
-        if run.verdicts.get(name) is not Verdict.FREE or run.agreed is None:
-            return
-        why = "; ".join(
-            line.partition(": ")[2]
-            for line in sorted(run.agreed.little_why)
-            if line.partition(": ")[0] == name
-        )
-        run.part.groups.setdefault("freed, not suspended", []).append(f"{name} ({why})")
+        note_freed_instead(record, run)
 
     def keep(self, record: Record, run: DestroyRun) -> None:
         """Left awake and resident, and said so in the report."""
         if str(record.name) in run.shared:
             return super().keep(record, run)
-        reason = run.verdicts.get(str(record.name), Verdict.FALLBACK).value
+        reason = (verdict_of(record, run) or Verdict.FALLBACK).value
         run.part.groups.setdefault("resident", []).append(f"{record.name} ({reason})")
 
     def _guard(self, record: Record, suspend: bool) -> None:
@@ -323,10 +256,8 @@ class Suspend(Way):
         sleep = record.sleep
         try:
             for device, backend in sleep.legs:
-                what = (
-                    f"resume() of {self.label(record)} on {device} ({participants.where('reload')})"
-                )
-                sleep.resume_ms += call(backend, "resume", what, _seconds(run))
+                what = f"resume() of {self.label(record)} on {device} ({channel.where('reload')})"
+                sleep.resume_ms += call(backend, "resume", what, suspend_seconds(run))
             sleep.after = stats_of(sleep.legs)
         except Exception as error:
             record.move(State.BROKEN)

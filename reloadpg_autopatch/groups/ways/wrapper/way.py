@@ -24,11 +24,12 @@ class Wrapper(Way):
     """Destroyed behind the wrapper, created again under its name at reload."""
 
     name: ClassVar[str] = "behind a wrapper"
+    makes_anew: ClassVar[bool] = True
 
     def sleep_step(self, facts: DestroyFacts) -> DestroyStep:
         return DestroyStep.FREE_WRAPPED
 
-    def refusal(self, group: Any, *, world_swaps: bool) -> str | None:
+    def refusal(self, group: Any) -> str | None:
         return None  # any group can live behind a wrapper
 
     def common_ways(self) -> str:
