@@ -180,6 +180,11 @@ def parse_suspend_min_freed(raw: str) -> float:
     return value
 
 
+def suspend_min_freed_problem(raw: "str | None") -> "str | None":
+    """The one line for a bad ``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED`` (unset or empty is fine)."""
+    return _problem(raw, parse_suspend_min_freed, f"using {DEFAULT_SUSPEND_MIN_FREED:g} instead")
+
+
 def suspend_timeout_problem(raw: "str | None") -> "str | None":
     """The one line for a bad ``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT`` (unset or empty is fine)."""
     return _problem(raw, parse_suspend_timeout, "using WORLD's timeout instead")

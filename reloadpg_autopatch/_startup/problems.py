@@ -19,6 +19,7 @@ from .._env import (
     MODE_ENV,
     MODES_GROUP,
     REBIND_ENV,
+    SUSPEND_MIN_FREED_ENV,
     SUSPEND_TIMEOUT_ENV,
     every_call_problem,
     excerpt,
@@ -28,6 +29,7 @@ from .._env import (
     parse_adopt,
     parse_adopt_modules,
     parse_prefixes,
+    suspend_min_freed_problem,
     suspend_timeout_problem,
 )
 
@@ -124,6 +126,7 @@ def start_up_problems() -> list[tuple[str, str, str | None]]:
         (MIN_FREE_ENV, min_free_problem),
         (EVERY_CALL_ENV, every_call_problem),
         (SUSPEND_TIMEOUT_ENV, suspend_timeout_problem),
+        (SUSPEND_MIN_FREED_ENV, suspend_min_freed_problem),
         (FAIL_ENV, failure_problem),
     ):
         problem = check(os.environ.get(variable))

@@ -386,6 +386,38 @@ def _on_musa(ctx: Rank) -> dict[str, Any]:
     return out
 
 
+def test_slimes_rewrite_takes_worlds_backend_where_new_group_names_none(monkeypatch) -> None:
+    """As slime's ``new_group`` does, the kept rewrite asks the accelerator for WORLD's backend
+    where the call names none, and for a backend named ``"nccl"``; another name stays. On
+    MUSA slime's WORLD is already ``mccl``, so the rank test above never meets an ``nccl``
+    WORLD: no CPU can start one, so torch's answer for WORLD's backend is stood in here."""
+    import types
+
+    import torch.distributed as dist
+
+    from reloadpg_autopatch.adoption import jobs
+
+    asked: list[str] = []
+
+    def process_group_backend(backend: str) -> str:
+        asked.append(backend)
+        return MCCL if backend == "nccl" else backend
+
+    module = types.ModuleType("myfork.utils.reloadable_process_group")
+    module.accelerator = types.SimpleNamespace(  # type: ignore[attr-defined]
+        __name__="myfork.utils.accelerator", process_group_backend=process_group_backend
+    )
+    found = jobs._backend_rewrite(module)
+    assert found is not None
+    rewrite = found[1]
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")  # an NCCL WORLD
+    assert rewrite(([0, 1],), {}) == (([0, 1],), {"backend": MCCL})
+    assert rewrite(([0, 1], None, "nccl"), {}) == (([0, 1], None, MCCL), {})
+    assert rewrite(([0, 1],), {"backend": "gloo"}) == (([0, 1],), {"backend": "gloo"})
+    assert asked[-2:] == ["nccl", "nccl"], asked
+
+
 @pytest.mark.parametrize("adopt", ["1", "0"])
 def test_slime_on_musa_gets_mccl_groups_with_adoption_on_and_off(adopt: str) -> None:
     """slime's actor on a MUSA machine (``mccl``, here a gloo-backed backend of that name):

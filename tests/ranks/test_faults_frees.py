@@ -134,6 +134,82 @@ def test_a_rank_dying_inside_its_free_leaves_no_survivor_waiting() -> None:
         assert out["use"] == "GroupBrokenError", (rank, out["use"])
 
 
+def _dies_in_first_free(ctx: Rank, world_s: float = WORLD_S) -> dict[str, Any]:
+    """Rank 2 dies inside its first free of three groups; the survivors' destroy has two left
+    to free after the stuck one."""
+    dist, rpg, model = _start(ctx, world_s)
+    groups = [dist.new_group([0, 1, 2]) for _ in range(3)]
+    for group in groups:
+        dist.barrier(group=group)
+    names = [str(g.group_name) for g in groups]
+    if ctx.rank == 2:
+        model.die_in_free(1)
+    started = time.monotonic()
+    try:
+        rpg.destroy_process_groups()
+        outcome = {"type": "returned", "missing": None}
+    except rpg.ReloadPGError as error:
+        outcome = {"type": type(error).__name__, "missing": getattr(error, "missing", None)}
+    outcome["seconds"] = time.monotonic() - started
+    outcome["names"] = names
+    outcome["frees"] = list(model.FREES)
+    outcome["aborts"] = list(model.ABORTS)
+    return outcome
+
+
+def test_the_groups_left_after_a_stuck_free_are_aborted_never_destroyed() -> None:
+    """Rank 2 dies inside its first free: ranks 0 and 1 are stuck in it, and the two groups
+    the destroy had left are aborted, never freed (a destroy of each would wait for rank 2
+    too, each for another timeout): the model sees no destroy of them, only their aborts, and
+    the error comes within one timeout plus the grace. About 9 s: WORLD's timeout and the
+    grace, once, and the ranks' start."""
+    from reloadpg_autopatch.groups.faults import GRACE_S
+
+    runs = run_ranks(
+        _dies_in_first_free,
+        3,
+        timeout=60,
+        env={**GATE, "SLIME_RELOADABLE_PG_LOG": "CRITICAL"},
+        may_die=frozenset({2}),
+    )
+    assert runs[2] is None  # it died
+    for rank, out in enumerate(runs[:2]):
+        first, *left = out["names"]
+        assert (out["type"], out["missing"]) == ("PeerMissingError", [2]), (rank, out)
+        hows = {name: how for name, _members, how in out["frees"]}
+        assert hows.get(first) == "aborted while waiting", (rank, out["frees"])
+        for name in left:
+            assert hows.get(name) in (None, "skipped"), (rank, name, out["frees"])
+            assert name in out["aborts"], (rank, name, out["aborts"])
+        assert out["seconds"] <= WORLD_S + GRACE_S + 3.0, (rank, out["seconds"])
+
+
+def test_a_frees_deadline_is_the_suspend_timeout_where_it_is_set() -> None:
+    """WORLD's timeout 30 s and ``SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT=2``: the survivors of a
+    rank dying in its free name it after 2 s and the grace, not after WORLD's timeout. About
+    8 s: the variable's 2 s, the grace, and the ranks' start."""
+    import functools
+
+    from reloadpg_autopatch.groups.faults import GRACE_S
+
+    limit = 2.0
+    runs = run_ranks(
+        functools.partial(_dies_in_first_free, world_s=30.0),
+        3,
+        timeout=90,
+        env={
+            **GATE,
+            "SLIME_RELOADABLE_PG_LOG": "CRITICAL",
+            "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": str(limit),
+        },
+        may_die=frozenset({2}),
+    )
+    assert runs[2] is None  # it died
+    for rank, out in enumerate(runs[:2]):
+        assert (out["type"], out["missing"]) == ("PeerMissingError", [2]), (rank, out)
+        assert limit <= out["seconds"] <= limit + GRACE_S + 3.0, (rank, out["seconds"])
+
+
 def _abort_never_reaches(ctx: Rank) -> None:
     """As ``_dies_in_second_free``, where no abort can reach the stuck free: this rank's stderr
     goes to a file of the test's, and the time the destroy began before it."""

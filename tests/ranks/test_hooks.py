@@ -431,8 +431,10 @@ def _spy_on_finalize(ctx: Rank) -> dict[str, Any]:
 
     ep = ps.get_expert_model_parallel_group()
     calls: list[float] = []
+    entered: list[int] = []  # counted before the collective, which refuses while asleep
 
     def nccl_ep_finalize() -> None:  # the program's replacement: looked up at each destroy
+        entered.append(len(entered))
         t = torch.tensor([1.0])
         dist.all_reduce(t, group=ep)  # the EP group still communicates
         calls.append(t.item())
@@ -445,7 +447,7 @@ def _spy_on_finalize(ctx: Rank) -> dict[str, Any]:
         "dp": ps.get_data_parallel_group,
     }
     before = {name: get() for name, get in getters.items()}
-    per_cycle, sums, replaced = [], [], []
+    per_cycle, sums, replaced, asleep = [], [], [], []
     for cycle in range(CYCLES):
         if cycle == CYCLES - 1:  # replaced again: each destroy looks it up anew
 
@@ -456,12 +458,22 @@ def _spy_on_finalize(ctx: Rank) -> dict[str, Any]:
             fused_a2a.nccl_ep_finalize = replacement
         rpg.destroy_process_groups()
         per_cycle.append(len(calls))
+        if cycle == 0:  # a destroy while asleep frees only the group made since: no release
+            dist.new_group([0, 1])
+            rpg.destroy_process_groups()
+            asleep.append(len(entered))
         rpg.reload_process_groups()
         t = torch.tensor([1.0])
         dist.all_reduce(t, group=ep)
         sums.append(t.item())
     report = rpg.last_cycle_report().destroy.releases
+    from reloadpg_autopatch.tools import doctor
+
+    lines = doctor.render(doctor.diagnose()).splitlines()
     return {
+        "doctor": [line.strip() for line in lines if line.strip().startswith("releases")],
+        "asleep": asleep,
+        "entered": len(entered),
         "replaced": replaced,
         "real": real is not None,
         "per_cycle": per_cycle,
@@ -475,9 +487,11 @@ def _spy_on_finalize(ctx: Rank) -> dict[str, Any]:
 @pytest.mark.timeout(240)
 def test_megatrons_nccl_ep_finalize_runs_once_per_destroy_before_any_free() -> None:
     """The spy runs once per destroy, and its collective on the EP group (2 ranks) gives 2.0:
-    it ran before that group's communicator was freed. After every reload Megatron's getters
-    return the very groups they returned before, and the EP group works. The 0.19.2 lane has
-    the real function the spy replaces; 0.16.1 has none, and the program's own is run."""
+    it ran before that group's communicator was freed; a destroy while asleep (a group made
+    since) runs no release, and the doctor names the function as what a destroy releases.
+    After every reload Megatron's getters return the very groups they returned before, and the
+    EP group works. The 0.19.2 lane has the real function the spy replaces; 0.16.1 has none,
+    and the program's own is run."""
     from importlib.metadata import version
 
     for rank, out in enumerate(run_ranks(_spy_on_finalize, 2, timeout=120, env=GATE)):
@@ -488,6 +502,11 @@ def test_megatrons_nccl_ep_finalize_runs_once_per_destroy_before_any_free() -> N
         name = "megatron.core.transformer.moe.fused_a2a.nccl_ep_finalize"
         assert out["report"] == [(name, "RELEASE_COMMUNICATION", None)], (rank, out["report"])
         assert out["replaced"] == [CYCLES], (rank, out["replaced"])  # looked up at the destroy
+        assert out["asleep"] == [1], (rank, out["asleep"])  # none at the destroy while asleep
+        assert out["entered"] == CYCLES, (rank, out["entered"])
+        (line,) = out["doctor"]
+        assert "fused_a2a.nccl_ep_finalize()" in line, line  # what the next destroy releases
+        assert "none found" not in line, line
         if version("megatron-core") >= "0.19":
             assert out["real"], "megatron-core 0.19.2 has fused_a2a.nccl_ep_finalize"
 
@@ -581,7 +600,17 @@ def _registry(ctx: Rank) -> dict[str, Any]:
     failing["on"] = False
     rpg.destroy_process_groups()  # the next cycle goes through
     rpg.reload_process_groups()
-    return {"first": first, "report": report, "refused": refused, "second": second, "live": live}
+    from reloadpg_autopatch.tools import doctor
+
+    lines = doctor.render(doctor.diagnose()).splitlines()
+    return {
+        "first": first,
+        "report": report,
+        "refused": refused,
+        "second": second,
+        "live": live,
+        "doctor": [line.strip() for line in lines if line.strip().startswith("releases")],
+    }
 
 
 @pytest.mark.timeout(240)
@@ -592,7 +621,7 @@ def test_the_registrys_releases_run_in_megatrons_order_and_a_failure_keeps_every
     registry holds where Megatron has it), while every group still communicates; the report
     lists them. A release raising on rank 1: the other releases still run, every rank raises
     ``ReleaseError`` naming the callback and the rank, nothing was freed (every group works),
-    and the next cycle goes through."""
+    and the next cycle goes through. The doctor counts the registry's releases per stage."""
     for rank, out in enumerate(run_ranks(_registry, 2, timeout=120, env=GATE)):
         assert out["first"] == ["symm_buffers:2", "a2a_buffers:2", "graphs:2"], (rank, out)
         assert out["report"] == [
@@ -608,6 +637,8 @@ def test_the_registrys_releases_run_in_megatrons_order_and_a_failure_keeps_every
         want = ["ep_finalize", "symm_buffers:2", "a2a_buffers:2", "graphs:2"]
         assert out["second"] == want, (rank, out["second"])
         assert out["live"] == [2.0, 2.0], (rank, out["live"])
+        (line,) = out["doctor"]  # the registry's stages counted, each callback once
+        assert "teardown registry: RELEASE_COMMUNICATION 3, RELEASE_CUDA_GRAPHS 1" in line, line
 
 
 # ---- a hook that re-enters the step ----------------------------------------------------------

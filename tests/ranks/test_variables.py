@@ -46,6 +46,7 @@ ACCEPTED = {
     _env.MIN_FREE_ENV: "accepted: 0 (the memory guard off) or a positive number up to",
     _env.EVERY_CALL_ENV: "accepted: 1, true",
     _env.SUSPEND_TIMEOUT_ENV: "accepted: a positive number up to 1e+09",
+    _env.SUSPEND_MIN_FREED_ENV: "accepted: a number from 0 (always suspend) to 1",
     _env.FAIL_ENV: "accepted: patch",
 }
 
@@ -60,6 +61,7 @@ BAD = {
         _env.MIN_FREE_ENV: "inf",
         _env.EVERY_CALL_ENV: "sometimes",
         _env.SUSPEND_TIMEOUT_ENV: "1e12",
+        _env.SUSPEND_MIN_FREED_ENV: "half",  # read by an auto destroy alone: start-up says it
         _env.FAIL_ENV: "junk",
     },
     "explicit": {

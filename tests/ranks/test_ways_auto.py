@@ -182,6 +182,45 @@ def test_suspend_mode_stays_strict_and_suspends_a_group_that_frees_little() -> N
         assert out["after"] == {"net": ("ok", 2.0), "p2p": ("ok", 2.0)}, (rank, out["after"])
 
 
+def _shares(ctx: Rank) -> list[str]:
+    """Three pairs whose suspend would free 6%, 40% and 80% of their memory (64 KiB of
+    1.0625 MiB, 400 KiB of 1000 KiB, 1 MiB of 1.25 MiB): which the auto mode suspends."""
+    torch, dist, rpg, s = _start(ctx, "auto")
+    labels, groups = {}, []  # the program holds its groups: one dropped is forgotten
+    for label, sizes in (
+        ("net", {"suspend_bytes": 64 * KiB, "persist_bytes": 1 * MiB}),
+        ("mid", {"suspend_bytes": 400 * KiB, "persist_bytes": 600 * KiB}),
+        ("p2p", {}),
+    ):
+        s.configure(**sizes)
+        groups.append(dist.new_group([0, 1], backend=s.NAME_A, group_desc=label))
+        labels[id(s.BACKENDS[-1])] = label
+        dist.barrier(group=groups[-1])
+    s.configure()
+    rpg.destroy_process_groups()
+    rpg.reload_process_groups()
+    assert [_use(dist, torch, group) for group in groups] == [("ok", 2.0)] * 3
+    by_label = {b.label: labels.get(id(b)) for b in s.BACKENDS}
+    return sorted(
+        {by_label[c.backend] for c in s.CALLS if c.op == "suspend" and by_label.get(c.backend)}
+    )
+
+
+@pytest.mark.parametrize(
+    ("share", "suspended"),
+    [(None, ["p2p"]), ("0.9", []), ("0", ["mid", "net", "p2p"])],
+)
+def test_auto_suspends_what_frees_at_least_the_min_freed_share_half_by_default(
+    share: str | None, suspended: list[str]
+) -> None:
+    """``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED`` decides, from the environment: unset, half
+    (40% is freed instead, 80% suspended); ``0.9``, nothing here is suspended; ``0``, every
+    group is, whatever a suspend frees."""
+    env = dict(GATE) if share is None else {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED": share}
+    for rank, out in enumerate(run_ranks(_shares, 2, timeout=120, env=env)):
+        assert out == suspended, (rank, share, out)
+
+
 # ---- auto with a WORLD that swaps; a fallback group and its non-members --------------------------
 
 

@@ -249,3 +249,20 @@ def test_the_start_up_room_names_each_value_it_does_not_accept(
     (problem,) = problems
     assert variable in problem, problem
     assert instead in problem, problem
+
+
+def test_in_auto_mode_the_doctor_says_what_it_frees_instead_of_suspending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/doctor.md: in ``auto`` mode the mode's lines also say what it frees instead of
+    suspending, one-rank groups and groups below ``SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED``
+    (its value as read); no such line in ``wrapper`` mode."""
+    monkeypatch.setenv("SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED", "0.3")
+    monkeypatch.setenv("SLIME_RELOADABLE_PG_MODE", "auto")
+    lines = [line.strip() for line in render(diagnose()).splitlines()]
+    (auto,) = [line for line in lines if line.startswith("auto:")]
+    assert "one-rank groups are freed and made again, never suspended" in auto, auto
+    assert "less than 30% of its memory (SLIME_RELOADABLE_PG_SUSPEND_MIN_FREED)" in auto, auto
+    monkeypatch.setenv("SLIME_RELOADABLE_PG_MODE", "wrapper")
+    lines = [line.strip() for line in render(diagnose()).splitlines()]
+    assert not [line for line in lines if line.startswith("auto:")], lines
