@@ -4,13 +4,12 @@ the lifecycle names, and to whose; and a mode that would never run because a fra
 its own lifecycle.
 
 Without the patch (or without torch) it says only which watched modules are imported: it
-imports the adoption and the lifecycle only where the patch ran.
+imports the lifecycle only where the patch ran.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from typing import Any
 
@@ -21,21 +20,10 @@ def facts(patched: bool) -> tuple[dict[str, Any], list[str]]:
     """The switch, the modules watched, what became of each one imported here and who holds
     the lifecycle names; a problem for each framework keeping its own lifecycle while a mode
     other than ``wrapper`` is chosen."""
-    raw = os.environ.get(_env.ADOPT_ENV)
-    watched = _env.parse_adopt_modules(os.environ.get(_env.ADOPT_MODULES_ENV))[0]
-    loaded = [name for name in watched if name in sys.modules]
-    try:
-        on, problem = _env.parse_adopt(raw), None
-    except ValueError as error:
-        on, problem = False, str(error)
-    found: dict[str, Any] = {
-        "variable": raw,
-        "on": on,
-        "problem": problem,
-        "modules": list(watched),
-        "seen": [],
-        "callers": {},
-    }
+    from .seen import status
+
+    found: dict[str, Any] = {**status(), "callers": {}}
+    loaded = [name for name in found["modules"] if name in sys.modules]
     if not patched:
         found["seen"] = [
             {"module": name, "adopted": [], "kept": "torch.distributed is not patched here"}
@@ -43,9 +31,7 @@ def facts(patched: bool) -> tuple[dict[str, Any], list[str]]:
         ]
         return found, []
     from ..groups import mode
-    from .seen import status
 
-    found["seen"] = status()["seen"]
     seen = {entry["module"] for entry in found["seen"]}
     for name in loaded:
         if name not in seen:
@@ -69,19 +55,9 @@ def facts(patched: bool) -> tuple[dict[str, Any], list[str]]:
 def callers(frameworks: set[str]) -> dict[str, dict[str, str]]:
     """Modules that hold a lifecycle name, and whose function each one is (ours or a
     framework's): the names an actor bound at import decide where its calls go."""
-    from ..groups import lifecycle
-    from ..groups.world import registration as world
-    from .adopted import monkey_patch_torch_dist
+    from .adopted import ours as adopted
 
-    ours = {
-        id(f): f
-        for f in (
-            lifecycle.destroy_process_groups,
-            lifecycle.reload_process_groups,
-            world.register_default_process_group,
-            monkey_patch_torch_dist,
-        )
-    }
+    ours = {id(f): f for f in adopted().values()}
     out: dict[str, dict[str, str]] = {}
     for module_name, module in list(sys.modules.items()):
         if module_name.split(".", 1)[0] in ("reloadpg_autopatch", "torch"):

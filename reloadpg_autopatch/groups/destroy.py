@@ -45,7 +45,7 @@ logger = logging.getLogger("reloadpg_autopatch")
 
 #: The steps that leave a group asleep in place: first, in creation order, and only in the
 #: destroy that begins a cycle (a group made while asleep waits for the next one, which asks
-#: every rank first). The others free a communicator, in reverse creation order.
+#: every rank first). The others free a communicator, in creation order, WORLD last.
 IN_PLACE = frozenset({DestroyStep.SUSPEND, DestroyStep.GUARD, DestroyStep.KEEP_RESIDENT})
 
 

@@ -108,7 +108,8 @@ def shutdown(native: Any, label: str) -> None:
 
 def destroy_every_group(label: str, world_size: int) -> None:
     """torch's ``destroy_process_group()``: WORLD, and every group torch knows, each shut down
-    by torch in its own order; on a stuck free every one of them is aborted."""
+    by torch in its own order; on a stuck free every one of them is aborted. Never called while
+    a destroy is aborting: WORLD's swap stays out of it then (``WorldSwap.free``)."""
     from torch.distributed import distributed_c10d as c10d
 
     from .._originals import original
@@ -118,10 +119,6 @@ def destroy_every_group(label: str, world_size: int) -> None:
             with contextlib.suppress(Exception):
                 group.abort()
 
-    if _ABORTING.on:
-        abort_all()
-        original("destroy_process_group")()
-        return
     every = list(range(world_size))
     _watched(label, original("destroy_process_group"), lambda: every, abort_all)
 

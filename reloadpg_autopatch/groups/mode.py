@@ -32,11 +32,23 @@ def add(name: str) -> None:
         _KNOWN.append(name)
 
 
+def _resolve(name: str) -> str | None:
+    """The mode ``name`` means: a built-in one (any case), one a way registered, or one an
+    installed distribution registers (``_from_plugin``); None when there is none."""
+    value = name.strip()
+    if value.lower() in MODES:
+        return value.lower()
+    if value in _KNOWN or _from_plugin(value):
+        return value
+    return None
+
+
 def _checked(mode: object) -> str:
-    known = tuple(_KNOWN)
-    if not isinstance(mode, str) or mode.strip().lower() not in known:
-        raise ValueError(f"reload mode must be one of {', '.join(map(repr, known))}, got {mode!r}")
-    return mode.strip().lower()
+    chosen = _resolve(mode) if isinstance(mode, str) else None
+    if chosen is None:
+        known = ", ".join(map(repr, _KNOWN))
+        raise ValueError(f"reload mode must be one of {known}, got {mode!r}")
+    return chosen
 
 
 def set_reload_mode(mode: str) -> None:
@@ -76,13 +88,11 @@ def get_reload_mode() -> str:
     if chosen is not None:
         return chosen
     raw = os.environ.get(MODE_ENV, "")
-    value = raw.strip().lower()
-    if not value:
+    if not raw.strip():
         return "wrapper"
-    if value in MODES:
-        return value
-    if raw.strip() in _KNOWN or _from_plugin(raw.strip()):
-        return raw.strip()
+    chosen = _resolve(raw)
+    if chosen is not None:
+        return chosen
     problem = mode_problem(raw)
     if problem is not None and first_report(MODE_ENV, raw):  # once, whoever read it first
         logger.warning("%s", problem)

@@ -235,11 +235,6 @@ def idle() -> None:
     _DOG.stop_if_idle()
 
 
-def running() -> bool:
-    """Whether the watchdog's thread exists now."""
-    return _DOG.thread is not None
-
-
 def call(backend: Any, op: str, what: str, seconds: float) -> float:
     """``backend.suspend()`` or ``backend.resume()`` under the watchdog; milliseconds taken."""
     started = time.perf_counter()

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.support import actors
-from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
+from tests.support.ranks import GATE, Rank, run_ranks, run_ranks_once
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,24 +34,10 @@ DEADLINE = 120.0
 ADOPT = "SLIME_RELOADABLE_PG_ADOPT"
 MODE = "SLIME_RELOADABLE_PG_MODE"
 
-_RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
-
 
 def _run(fn: Any, n: int = 3, **env: str) -> list[Any]:
     """``run_ranks(fn, n)`` with the gate on and ``env``, once per session for each case."""
-    key = (fn.__name__, n, tuple(sorted(env.items())))
-    if key not in _RUNS:
-        try:
-            _RUNS[key] = (
-                True,
-                run_ranks(fn, n, timeout=DEADLINE, env={**GATE, **env}, store_in_rank0=True),
-            )
-        except RankFailure as error:
-            _RUNS[key] = (False, error)
-    ok, value = _RUNS[key]
-    if not ok:
-        raise value
-    return value
+    return run_ranks_once(fn, n, timeout=DEADLINE, env={**GATE, **env}, store_in_rank0=True)
 
 
 # ---- 1. slime, the default mode: the package's lifecycle runs -------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.support import actors
-from tests.support.ranks import GATE, Rank, RankFailure, run_ranks, total
+from tests.support.ranks import GATE, Rank, run_ranks_once, total
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,27 +38,13 @@ WEIGHTS = "slime-pp_0"
 #: The MUSA communication backend slime PR #2216 rewrites "nccl" to (here gloo-backed).
 MCCL = "mccl"
 
-_RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
-
 
 def _run(fn: Any, n: int = 2, *, host0: bool = True, **env: str | None) -> list[Any]:
     """``run_ranks(fn, n)`` with the gate on and ``env``, once per session for each case.
 
     ``host0``: rank 0 hosts the store, as Ray's train actor's WORLD (``env://``) does; a
     program that ends its WORLD and starts another on the same store needs the launcher's."""
-    key = (fn.__name__, n, tuple(sorted(env.items())))
-    if key not in _RUNS:
-        try:
-            _RUNS[key] = (
-                True,
-                run_ranks(fn, n, timeout=DEADLINE, env={**GATE, **env}, store_in_rank0=host0),
-            )
-        except RankFailure as error:
-            _RUNS[key] = (False, error)
-    ok, value = _RUNS[key]
-    if not ok:
-        raise value
-    return value
+    return run_ranks_once(fn, n, timeout=DEADLINE, env={**GATE, **env}, store_in_rank0=host0)
 
 
 # ---- what the programs share ----------------------------------------------------------------

@@ -91,44 +91,28 @@ def test_p6_a_second_thread_destroying_at_once_gets_the_one_thread_error() -> No
 def _threaded_world(ctx: Rank) -> dict:
     import torch
     import torch.distributed as dist
-    from torch.testing._internal.distributed import multi_threaded_pg
 
     rpg = this_tree.package()
     assert rpg.is_patched()
     rpg.set_wrap_policy("all")
-    # As torch's MultiThreadedTestCase sets them up: names per thread, a world per thread.
-    torch._C._distributed_c10d._set_thread_isolation_mode(True)
-    multi_threaded_pg._install_threaded_pg()
-    store = dist.HashStore()
-    results: dict[int, Any] = {}
 
-    def rank(r: int) -> None:
-        try:
-            dist.init_process_group("threaded", rank=r, world_size=4, store=store)
-            whole = dist.new_group([0, 1, 2, 3])
-            timings = []
-            for _cycle in range(2):
-                started = time.monotonic()
-                rpg.destroy_process_groups()
-                between = time.monotonic()
-                rpg.reload_process_groups()
-                timings += [between - started, time.monotonic() - between]
-            t = torch.tensor([r + 1.0])
-            dist.all_reduce(t, group=whole)
-            results[r] = {"timings": timings, "sum": t.item()}
-            dist.destroy_process_group()
-        except Exception as error:
-            results[r] = f"{type(error).__name__}: {error}"
+    def rank(r: int, store: Any) -> dict:
+        dist.init_process_group("threaded", rank=r, world_size=4, store=store)
+        whole = dist.new_group([0, 1, 2, 3])
+        timings = []
+        for _cycle in range(2):
+            started = time.monotonic()
+            rpg.destroy_process_groups()
+            between = time.monotonic()
+            rpg.reload_process_groups()
+            timings += [between - started, time.monotonic() - between]
+        t = torch.tensor([r + 1.0])
+        dist.all_reduce(t, group=whole)
+        result = {"timings": timings, "sum": t.item()}
+        dist.destroy_process_group()
+        return result
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(40)
-    hung = [r for r, thread in enumerate(threads) if thread.is_alive()]
-    if not hung:
-        multi_threaded_pg._uninstall_threaded_pg()
-    return {"results": results, "hung": hung}
+    return run_events.in_rank_threads(rank, 40)
 
 
 def test_p6_destroy_and_reload_from_the_rank_threads_of_a_threaded_world_return_at_once() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from reloadpg_autopatch.tools import cpu_nccl as suspendable
-from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
+from tests.support.ranks import GATE, Rank, run_ranks_once
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,22 +28,11 @@ DEADLINE = 60.0
 HOOKS = suspendable.python_backend_available()  # torch 2.14: pre-hooks; 2.13: none
 needs_hooks = pytest.mark.skipif(not HOOKS, reason="torch 2.13 has no ProcessGroup pre-hooks")
 
-_RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
-
 
 def _ranks(fn: Any, n: int = 2, **env: str) -> list[Any]:
     """``run_ranks(fn, n)`` with the gate on, once per session for the same arguments."""
-    key = (fn.__name__, n, tuple(sorted(env.items())))
-    if key not in _RUNS:
-        full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "15", **env}
-        try:
-            _RUNS[key] = (True, run_ranks(fn, n, timeout=DEADLINE, env=full))
-        except RankFailure as error:
-            _RUNS[key] = (False, error)
-    ok, value = _RUNS[key]
-    if not ok:
-        raise value
-    return value
+    full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "15", **env}
+    return run_ranks_once(fn, n, timeout=DEADLINE, env=full)
 
 
 def _start(ctx: Rank, mode: str, world: str = "gloo", register: bool = False) -> tuple:

@@ -123,6 +123,40 @@ def test_a_mode_a_plugin_registers_is_chosen_by_the_environment(tmp_path: Any) -
     assert "kept awake" in groups, proc.stdout
 
 
+def test_a_mode_a_plugin_registers_is_chosen_by_set_reload_mode(tmp_path: Any) -> None:
+    """``set_reload_mode("keep-awake")`` finds the mode an installed distribution registers, as
+    the variable does, though nothing imported the plugin before; the same unknown name
+    without such a plugin is refused with the modes there are. A fresh interpreter: the
+    subject is the first lookup of the plugin."""
+    import subprocess
+
+    env = _plugin(tmp_path, "keep-awake")
+    del env["SLIME_RELOADABLE_PG_MODE"]
+    program = (
+        "import reloadpg_autopatch as rpg\n"
+        "rpg.set_reload_mode('keep-awake')\n"
+        "print(rpg.get_reload_mode())\n"
+        "try:\n"
+        "    rpg.set_reload_mode('keep-awake-two')\n"
+        "except ValueError as error:\n"
+        "    print('refused', error)\n"
+    )
+    proc = subprocess.run(
+        [env.pop("_EXE"), "-c", program],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    chosen, refused = proc.stdout.splitlines()
+    assert chosen == "keep-awake", proc.stdout
+    assert refused.startswith("refused reload mode must be one of"), refused
+    assert "'keep-awake'" in refused, refused  # the modes there are: the plugin's among them
+    assert "'keep-awake-two'" in refused, refused
+
+
 def test_a_mode_no_plugin_registers_is_refused_in_one_line(tmp_path: Any) -> None:
     """A plugin installed under another name does not make an unknown mode: one line at
     start-up names the variable and the modes there are, and the wrapper mode is used."""

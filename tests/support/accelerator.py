@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from reloadpg_autopatch.tools import cpu_nccl as suspendable
-from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
+from tests.support.ranks import GATE, Rank, run_ranks_once
 
 #: The stand-in registered for an accelerator device type only, as NCCL is for cuda.
 ACCEL = "suspendable_acc"
@@ -38,21 +38,11 @@ MIXED = f"cpu:gloo,{suspendable.ACCELERATOR}:{ACCEL}"
 
 ON_214 = suspendable.python_backend_available()
 
-_RUNS: dict[str, tuple[bool, Any]] = {}
-
 
 def run_once(fn: Any, n: int = 2, timeout: float = 120.0, **env: str) -> list[Any]:
     """``run_ranks(fn, n)`` with the gate on, once per session."""
-    if fn.__name__ not in _RUNS:
-        full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "20", **env}
-        try:
-            _RUNS[fn.__name__] = (True, run_ranks(fn, n, timeout=timeout, env=full))
-        except RankFailure as error:
-            _RUNS[fn.__name__] = (False, error)
-    ok, value = _RUNS[fn.__name__]
-    if not ok:
-        raise value
-    return value
+    full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": "20", **env}
+    return run_ranks_once(fn, n, timeout=timeout, env=full)
 
 
 def start(ctx: Rank, mode: str, *, policy: str | None = None, world: str = "gloo") -> Any:

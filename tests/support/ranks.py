@@ -254,6 +254,41 @@ class _Forked:
             self.parent.kill_run()
 
 
+#: ``run_ranks_once``'s runs by their arguments: what each returned, or the failure it raised.
+_ONCE: dict[tuple[Any, ...], tuple[bool, Any]] = {}
+
+
+def run_ranks_once(
+    fn: Callable[[Rank], Any],
+    world_size: int = 2,
+    *,
+    timeout: float = 90.0,
+    env: dict[str, str | None] | None = None,
+    store_in_rank0: bool = False,
+) -> list[Any]:
+    """``run_ranks`` once per session for the same arguments: the tests that check one run's
+    report from several sides share it, and each of them meets its failure, if any."""
+    key = (
+        fn.__module__,
+        fn.__qualname__,
+        world_size,
+        tuple(sorted((env or {}).items(), key=lambda item: item[0])),
+        store_in_rank0,
+    )
+    if key not in _ONCE:
+        try:
+            _ONCE[key] = (
+                True,
+                run_ranks(fn, world_size, timeout=timeout, env=env, store_in_rank0=store_in_rank0),
+            )
+        except RankFailure as error:
+            _ONCE[key] = (False, error)
+    ok, value = _ONCE[key]
+    if not ok:
+        raise value
+    return value
+
+
 def run_ranks(
     fn: Callable[[Rank], Any],
     world_size: int = 2,

@@ -7,6 +7,7 @@ torch's ``MultiThreadedTestCase`` runs them (``threaded_world``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -67,50 +68,64 @@ def forks(label: str) -> dict:
     return out
 
 
-def threaded_world(ctx: Rank, policy: str | None) -> dict:
-    """Four ranks as threads of this process, as torch's MultiThreadedTestCase runs them."""
+def in_rank_threads(rank: Callable[[int, Any], Any], join_s: float) -> dict:
+    """``rank(r, store)`` for four ranks as threads of this process, as torch's
+    MultiThreadedTestCase runs them: ``{"results": {r: what it returned, or its error},
+    "hung": the ranks still running after join_s}``."""
     import threading
 
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed import multi_threaded_pg
 
-    import reloadpg_autopatch as rpg
-
-    if policy is not None:
-        rpg.set_wrap_policy(policy)
     # As torch's MultiThreadedTestCase sets them up: names per thread, a world per thread.
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     multi_threaded_pg._install_threaded_pg()
     store = dist.HashStore()
     results: dict[int, Any] = {}
 
-    def rank(r: int) -> None:
+    def run(r: int) -> None:
         try:
-            dist.init_process_group("threaded", rank=r, world_size=4, store=store)
-            whole = dist.new_group([0, 1, 2, 3])
-            pair = dist.new_group([0, 1])
-            t = torch.tensor([r + 1.0])
-            dist.all_reduce(t, group=whole)
-            out = [t.item()]
-            if r in (0, 1):
-                u = torch.tensor([r + 1.0])
-                dist.all_reduce(u, group=pair)
-                out.append(u.item())
-            dist.destroy_process_group()
-            results[r] = out
+            results[r] = rank(r, store)
         except Exception as error:
             results[r] = f"{type(error).__name__}: {error}"
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(4)]
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(30)
+        thread.join(join_s)
     hung = [r for r, thread in enumerate(threads) if thread.is_alive()]
     if not hung:
         multi_threaded_pg._uninstall_threaded_pg()
     return {"results": results, "hung": hung}
+
+
+def threaded_world(ctx: Rank, policy: str | None) -> dict:
+    """Four ranks as threads of this process, as torch's MultiThreadedTestCase runs them."""
+    import torch
+    import torch.distributed as dist
+
+    import reloadpg_autopatch as rpg
+
+    if policy is not None:
+        rpg.set_wrap_policy(policy)
+
+    def rank(r: int, store: Any) -> list[float]:
+        dist.init_process_group("threaded", rank=r, world_size=4, store=store)
+        whole = dist.new_group([0, 1, 2, 3])
+        pair = dist.new_group([0, 1])
+        t = torch.tensor([r + 1.0])
+        dist.all_reduce(t, group=whole)
+        out = [t.item()]
+        if r in (0, 1):
+            u = torch.tensor([r + 1.0])
+            dist.all_reduce(u, group=pair)
+            out.append(u.item())
+        dist.destroy_process_group()
+        return out
+
+    return in_rank_threads(rank, 30)
 
 
 def die_at(step: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from reloadpg_autopatch.tools import cpu_nccl as suspendable
-from tests.support.ranks import GATE, Rank, RankFailure, run_ranks
+from tests.support.ranks import GATE, Rank, run_ranks_once
 
 #: The watchdog's timeout in the ranks: a rank left alone in a suspend barrier ends this soon.
 WATCHDOG_S = "15"
@@ -32,22 +32,11 @@ VARIANTS = [
     pytest.param(suspendable.NAME_B, id="B", marks=needs_b),
 ]
 
-_RUNS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
-
 
 def run_once(fn: Any, n: int = 2, *, timeout: float = DEADLINE, **env: str) -> list[Any]:
     """``run_ranks(fn, n)`` with the gate on, once per session for the same arguments."""
-    key = (fn.__name__, n, tuple(sorted(env.items())))
-    if key not in _RUNS:
-        full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": WATCHDOG_S, **env}
-        try:
-            _RUNS[key] = (True, run_ranks(fn, n, timeout=timeout, env=full))
-        except RankFailure as error:
-            _RUNS[key] = (False, error)
-    ok, value = _RUNS[key]
-    if not ok:
-        raise value
-    return value
+    full = {**GATE, "SLIME_RELOADABLE_PG_SUSPEND_TIMEOUT": WATCHDOG_S, **env}
+    return run_ranks_once(fn, n, timeout=timeout, env=full)
 
 
 def start(

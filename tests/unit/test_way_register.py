@@ -67,3 +67,23 @@ def test_a_whole_way_is_registered_and_every_built_in_way_is_whole() -> None:
     assert whole in ways.registered()
     for way in ways.registered():
         assert ways.missing_steps(way) == [], way
+
+
+def test_a_way_deciding_by_the_suspend_verdicts_is_checked_for_every_one() -> None:
+    """A suspend way's steps come from the destroy's agreement (its verdict): the check tries
+    every verdict, so a suspend way without ``suspend`` or ``guard`` is refused too."""
+    from reloadpg_autopatch.groups.ways.base.steps import Steps
+    from reloadpg_autopatch.groups.ways.suspend.way import Suspend
+
+    class _SleepsWithoutSuspend(Suspend):
+        name: ClassVar[str] = "suspends without suspend"
+        suspend = Steps.suspend
+
+    class _GuardsWithoutGuard(Suspend):
+        name: ClassVar[str] = "guards without guard"
+        guard = Steps.guard
+
+    with pytest.raises(TypeError, match=r"suspend \(suspend\)"):
+        ways.register(_SleepsWithoutSuspend())
+    with pytest.raises(TypeError, match=r"guard \(guard\)"):
+        ways.register(_GuardsWithoutGuard())

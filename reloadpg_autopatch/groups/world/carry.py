@@ -31,6 +31,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from .. import backends, process, registry
 from ..ways.wrapper import ReloadableProcessGroup
+from .end import native_world
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -63,17 +64,12 @@ def note_native(group: Any) -> None:
         process.current().world.left_native.add(str(name))
 
 
-def _native_world() -> Any:
-    default = c10d._world.default_pg
-    return default.group if isinstance(default, ReloadableProcessGroup) else default
-
-
 def left_alone() -> list[Any]:
     """The groups torch knows here that no cycle of this package frees or brings back: every
     one but WORLD and the records' native groups, in the order torch made them."""
     world = c10d._world
     ours = {id(record.native) for record in registry.records() if record.native is not None}
-    skip = {id(world.default_pg), id(_native_world()), *ours}
+    skip = {id(world.default_pg), id(native_world()), *ours}
     return [
         group
         for group in list(world.pg_names)

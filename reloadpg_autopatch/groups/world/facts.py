@@ -20,6 +20,7 @@ from ..backends import component_names
 from ..store import channel
 from ..ways.base import Way
 from . import carry
+from .end import native_world
 
 
 def destroys_every_group() -> bool:
@@ -67,11 +68,7 @@ def held() -> list[Any]:
 def native() -> Any:
     """WORLD's native group, also behind its stand-in while it sleeps (its record keeps it);
     None before ``init_process_group``."""
-    world = dist.GroupMember.WORLD if dist.is_initialized() else None
-    inner = getattr(world, "group", None) or getattr(
-        getattr(world, "_record", None), "native", None
-    )
-    return inner if inner is not None else world
+    return native_world() if dist.is_initialized() else None
 
 
 def bound_device() -> Any:

@@ -86,6 +86,10 @@ class Suspend(Way):
 
     # ---- decisions ----
 
+    def verdicts(self) -> tuple[Verdict | None, ...]:
+        """Every verdict the agreement can give a suspend way (and none, before it answers)."""
+        return (None, *Verdict)
+
     def sleep_step(self, facts: DestroyFacts) -> DestroyStep:
         verdict = facts.verdict if facts.verdict is not None else Verdict.FALLBACK
         if verdict is Verdict.SUSPEND:
