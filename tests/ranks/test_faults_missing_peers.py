@@ -93,6 +93,9 @@ def _killed_in_the_destroys_agreement(ctx: Rank, dies: int, case: str) -> dict:
     ``late-survivor``: rank 1 arrives ``LATE_S`` after rank 0."""
     dist = ctx.begin(timeout=WORLD_S)
     group = dist.new_group(list(range(ctx.world_size)))
+    # Every rank is done connecting the group's mesh before one dies: gloo's connectFullMesh on
+    # a slow peer fails with "Connection closed by peer" where rank 2 ran ahead and died.
+    dist.barrier()
     import reloadpg_autopatch as rpg
     from reloadpg_autopatch.groups.store import entries
 
