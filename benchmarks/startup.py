@@ -20,7 +20,7 @@ from tests.support.venv import ROOT, Venv, clean_env, make_venv
 # left out), and, when activation is on, the patch itself: the hook's callback is wrapped.
 IMPORT_PROBE = r"""
 import json, sys, time
-finder = [f for f in sys.meta_path if type(f).__module__ == "reloadpg_autopatch._startup.finder"]
+finder = [f for f in sys.meta_path if type(f).__module__ == "_reloadpg_autopatch_boot"]
 spent = []
 if finder:
     callback = finder[0].callback

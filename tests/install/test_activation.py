@@ -17,10 +17,12 @@ pytestmark = pytest.mark.timeout(300)
 GATE_PROBE = r"""
 import json, sys
 print(json.dumps({
-    "loaded": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "loaded": sorted(
+        m for m in sys.modules if m.startswith(("reloadpg_autopatch", "_reloadpg_autopatch_boot"))
+    ),
     "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
     "hooked": any(
-        type(f).__module__ == "reloadpg_autopatch._startup.finder" for f in sys.meta_path
+        type(f).__module__ == "_reloadpg_autopatch_boot" for f in sys.meta_path
     ),
 }))
 """
@@ -67,7 +69,7 @@ def test_processing_the_pth_twice_activates_once(installed) -> None:
     # A venv processes .pth files twice on some Pythons (cpython#75723); so can a re-run of site.
     source = (
         "import json, site, sys; site.addsitedir(sys.argv[1]); "
-        "print(json.dumps({'hooks': sum(type(f).__module__ == 'reloadpg_autopatch._startup.finder' "
+        "print(json.dumps({'hooks': sum(type(f).__module__ == '_reloadpg_autopatch_boot' "
         "for f in sys.meta_path)}))"
     )
     # One activation installs two: the finder waiting for torch.distributed and the watcher of
@@ -177,7 +179,7 @@ def test_start_file_entry_point_resolves_and_activates(installed) -> None:
         "'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__')}))\n"
     )
     result = installed.script(source)  # gate off at start-up: only the entry point activates
-    assert result["entry"] == "reloadpg_autopatch._startup:activate_from_site"
+    assert result["entry"] == "_reloadpg_autopatch_boot:activate_from_site"
     assert result["patched"]
 
 
