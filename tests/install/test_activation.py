@@ -167,6 +167,40 @@ def test_our_own_module_may_be_the_first_to_import_torch(installed, first_import
     assert reported(result["_stderr"]) == [], result["_stderr"]
 
 
+# What the patch loads of ours as torch.distributed is imported, and whether it patched.
+LOADED_BY_THE_PATCH = (
+    "import json, sys\n"
+    "import torch.distributed as d\n"
+    "print(json.dumps({'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__'), "
+    "'loaded': sorted(m for m in sys.modules if m.startswith('reloadpg_autopatch.'))}))\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["wrapper", "suspend"])
+def test_the_patch_loads_the_wrappers_class_and_no_way_in_wrapper_mode(installed, mode) -> None:
+    """The patch runs the moment torch.distributed is imported, in every process where the gate
+    is on. In wrapper mode it needs the wrapper's class alone (before: every way and the
+    lifecycle's answers and rounds, 76 modules, 4.9% of the import); in suspend mode it asks
+    the ways whether any group needs a wrapper, and loads them."""
+    result = installed.script(
+        LOADED_BY_THE_PATCH, SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MODE=mode
+    )
+    loaded = set(result["loaded"])
+    assert result["patched"], result
+    assert "reloadpg_autopatch.groups.ways.wrapper.group" in loaded
+    ways = {
+        "reloadpg_autopatch.groups.ways.catalog",
+        "reloadpg_autopatch.groups.ways.wrapper.way",
+        "reloadpg_autopatch.groups.ways.suspend",
+        "reloadpg_autopatch.groups.ways.inplace",
+        "reloadpg_autopatch.groups.agreement",
+    }
+    if mode == "wrapper":
+        assert loaded & ways == set(), sorted(loaded & ways)
+    else:
+        assert ways <= loaded, sorted(ways - loaded)
+
+
 def test_start_file_entry_point_resolves_and_activates(installed) -> None:
     source = (
         "import json, os, pkgutil, sys\n"
