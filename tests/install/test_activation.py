@@ -201,6 +201,22 @@ def test_the_patch_loads_the_wrappers_class_and_no_way_in_wrapper_mode(installed
         assert ways <= loaded, sorted(ways - loaded)
 
 
+def test_a_bad_mode_is_said_once_whichever_layer_reads_it_first(installed) -> None:
+    """Start-up checks the value and says it; the lifecycle reads the mode again once torch is
+    imported, and does not say it a second time (``_env.first_report``)."""
+    source = (
+        "import json\n"
+        "import torch.distributed\n"
+        "from reloadpg_autopatch.groups import mode\n"
+        "print(json.dumps({'mode': mode.get_reload_mode()}))\n"
+    )
+    result = installed.script(source, SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MODE="fastest")
+    # Every line, whatever says it (a stderr line of start-up's, the package's logger).
+    lines = [line for line in result["_stderr"].splitlines() if "'fastest'" in line]
+    assert len(lines) == 1, result["_stderr"]
+    assert result["mode"] == "wrapper"  # what an unknown mode falls back to
+
+
 def test_start_file_entry_point_resolves_and_activates(installed) -> None:
     source = (
         "import json, os, pkgutil, sys\n"

@@ -6,9 +6,11 @@ module of the package; these tests keep the two equal, and check which path a pr
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,27 @@ def test_the_start_up_names_are_the_environment_modules() -> None:
     assert all(v.startswith(boot.GATE + "_") for v in _env.VARIABLES if v != _env.GATE)
 
 
+def test_the_boot_module_imports_os_sys_and_thread_and_its_callbacks_the_start_up_layer() -> None:
+    """At start-up it imports nothing of the package (which would bring the package, ``_env``
+    and ``_startup``); its callbacks import ``_startup`` when they run."""
+    tree = ast.parse(Path(boot.__file__).read_text(encoding="utf-8"))
+    at_import: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            at_import |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            at_import.add(node.module or "")
+    assert at_import <= {"os", "sys", "_thread"}, at_import
+    later = {
+        node.module
+        for function in tree.body
+        if isinstance(function, ast.FunctionDef)
+        for node in ast.walk(function)
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert later == {"reloadpg_autopatch._startup"}, later
+
+
 # Run in a fresh interpreter of this environment, where the package is installed (editable in
 # a checkout, a wheel in CI's lanes), so the .pth line runs as in a user's process.
 PROBE = r"""
@@ -38,6 +61,7 @@ print(json.dumps({
         m for m in sys.modules if m.startswith(("reloadpg_autopatch", "_reloadpg_autopatch_boot"))
     ),
     "hooks": sum(type(f).__module__ == "_reloadpg_autopatch_boot" for f in sys.meta_path),
+    "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
 }))
 """
 
@@ -68,6 +92,7 @@ def test_the_gate_alone_imports_the_boot_module_alone(env: dict, checked: bool) 
     set: its value is checked at start-up (``_startup``), and a bad one is said there."""
     out, stderr = _start(**env)
     assert out["hooks"] == 2, out  # the finder of torch.distributed, the adoption's watcher
+    assert out["torch"] == [], out  # checking a value never imports torch
     assert ("_reloadpg_autopatch_boot" in out["loaded"]) is True
     assert ("reloadpg_autopatch._startup" in out["loaded"]) is checked, out
     if not checked:
