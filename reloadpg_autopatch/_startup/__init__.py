@@ -1,17 +1,17 @@
-"""Start-up: read the gate, install the import finder, never raise.
+"""Start-up where something is to be checked or said: the gate's value, the other variables.
 
-The ``.pth`` line imports this package (and the PEP 829 ``.start`` entry point calls it) in
-every Python process of an image where the gate is on, so its start-up path imports only
-``os`` and ``sys``, which site has loaded, ``_env`` and ``finder``, which import nothing else:
-three modules of ours and this one. A bad value of another variable is found by ``problems``
-(imported only where such a variable is set) and said here, one line each, once; what runs
-once ``torch.distributed`` is imported (the patch, the watchers' callbacks) is in ``landing``,
-when torch has loaded logging and everything else anyway, and its failures are said here too.
-The site files themselves are ``pth``.
+The ``.pth`` line imports ``_reloadpg_autopatch_boot`` (a top-level module, so that the gate on
+costs one module at start-up), which comes here only where a variable of ours other than an
+on gate is set, or where a callback runs. This module imports ``os``, ``sys``, ``_env`` and the
+boot module. A bad value of another variable is found by ``problems`` and said here, one line
+each, once; what runs once ``torch.distributed`` is imported (the patch, the watchers'
+callbacks) is in ``landing``, and its failures are said here too. The site files are ``pth``.
 """
 
 import os
 import sys
+
+import _reloadpg_autopatch_boot as boot
 
 from .._env import (
     ADOPT_MODULES_ENV,
@@ -24,10 +24,7 @@ from .._env import (
     parse_adopt_modules,
 )
 
-#: The top-level package: every module of it counts for deferring the patch.
-_PACKAGE = __name__.split(".", 1)[0]
-
-_state = {"activated": False, "warned": set(), "source": None}
+_state: dict = {"warned": set()}
 
 
 def warn_once(key: str, message: str, variable: str | None = None) -> None:
@@ -105,7 +102,8 @@ def _register_with_dynamo() -> None:
         )
 
 
-def _adopt_on_import(module: object) -> None:
+def adopt_on_import(module: object) -> None:
+    """The adoption watcher's callback (``boot.activate``): adopt ``module`` as it executes."""
     from . import landing
 
     landing.adopt_on_import(module)
@@ -120,39 +118,27 @@ def _rebind_on_import(module: object) -> None:
 def _report_problems() -> None:
     """Say each bad value of the other variables once, where the user looks; watch the modules
     ``SLIME_RELOADABLE_PG_REBIND`` names so each is swept as soon as it has executed."""
-    from . import finder, problems
+    from . import problems
 
     for key, message, variable in problems.start_up_problems():
         warn_once(key, message, variable)
     prefixes = problems.watched_rebind_prefixes()
     if prefixes:
-        finder.watch(prefixes, _rebind_on_import)
+        boot.watch(prefixes, _rebind_on_import)
 
 
 def activate(source: str) -> None:
-    """Patch ``torch.distributed`` as soon as it is imported (at once if it already is).
+    """Say each bad value of the other variables once, then ``boot.activate``: patch
+    ``torch.distributed`` as soon as it is imported, adopt the frameworks' lifecycle modules.
 
     Idempotent: a ``.pth`` can be processed twice in a venv, and the ``.start`` entry point and
     an explicit call may both run.
     """
-    if _state["activated"]:
+    if boot.STATE["activated"]:
         return
-    _state["activated"] = True
-    _state["source"] = source
     if any(os.environ.get(variable) for variable in VARIABLES if variable != GATE):
         _report_problems()
-    from . import finder
-
-    # The frameworks' lifecycle modules are handed to the adoption as each finishes importing
-    # (adopted, or kept and guarded when the switch is off).
-    finder.watch(parse_adopt_modules(os.environ.get(ADOPT_MODULES_ENV))[0], _adopt_on_import)
-    module = sys.modules.get("torch.distributed")
-    if module is not None and getattr(module, "__spec__", None) is not None:
-        patch_now()
-        return
-    # The patch is built from our own modules: if one of them is what imports torch, wait
-    # until it has finished importing.
-    finder.install("torch.distributed", patch_now, defer_prefix=_PACKAGE + ".")
+    boot.activate(source, parse_adopt_modules(os.environ.get(ADOPT_MODULES_ENV))[0])
 
 
 def activate_from_site() -> None:
@@ -170,7 +156,7 @@ def activate_from_site() -> None:
 def status() -> dict[str, object]:
     """What activation did in this process (for the doctor)."""
     return {
-        "activated": _state["activated"],
-        "source": _state["source"],
+        "activated": boot.STATE["activated"],
+        "source": boot.STATE["source"],
         "warnings": sorted(_state["warned"]),
     }

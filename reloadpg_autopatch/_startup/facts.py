@@ -1,8 +1,8 @@
 """What the start-up layer knows about this interpreter: the site directories, every copy of
 the package on ``sys.path``, the site files, the gate and the other variables it reads.
 
-The doctor reads this; the start-up path never does (the package and ``finder`` import ``os``
-and ``sys`` alone). Each function returns plain data, and the problems it sees in the user's
+The doctor reads this; the start-up path never does (``_reloadpg_autopatch_boot`` imports
+``os`` and ``sys`` alone). Each function returns plain data, and the problems it sees in the user's
 words, so that the doctor renders and dumps it without knowing how it was found.
 """
 
@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _reloadpg_autopatch_boot as boot
+
 from .. import _env
-from . import finder, gate_verdict, pth, status
+from . import gate_verdict, pth, status
 from . import problems as bad_values
 
 
@@ -267,4 +269,4 @@ def activation() -> dict[str, object]:
 
 def waiting_for(module: str) -> bool:
     """Whether the start-up layer's finder waits for ``module`` (to act when it is imported)."""
-    return any(getattr(f, "name", None) == module for f in finder.installed())
+    return any(getattr(f, "name", None) == module for f in boot.installed())

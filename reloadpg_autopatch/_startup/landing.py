@@ -35,7 +35,7 @@ def patch(on_dynamo_import: object) -> None:
     apply.patch(valid_rebind_prefixes(), load_dynamo_table=False)
     adopt_loaded()
     if dynamo.MODULE not in sys.modules:
-        from .finder import install
+        from _reloadpg_autopatch_boot import install
 
         install(dynamo.MODULE, on_dynamo_import)
 

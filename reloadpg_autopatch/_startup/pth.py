@@ -22,7 +22,7 @@ from .._env import GATE, OFF_VALUES
 
 PTH_NAME = "reloadpg_autopatch.pth"
 START_NAME = "reloadpg_autopatch.start"
-ENTRY_POINT = "reloadpg_autopatch._startup:activate_from_site"
+ENTRY_POINT = "_reloadpg_autopatch_boot:activate_from_site"
 #: Set on ``sys`` once the line has run: a venv processes the file twice (cpython#75723), and
 #: the second time the line stops before compiling the guard (about 0.1 ms).
 RAN = "_reloadpg_autopatch_pth_ran"
@@ -34,7 +34,7 @@ def guarded_activation() -> None:
     # A venv may process this file twice (cpython#75723): the line acts, and complains, once.
     sys._reloadpg_autopatch_pth_ran = True
     try:
-        from reloadpg_autopatch._startup import activate_from_site
+        from _reloadpg_autopatch_boot import activate_from_site
 
         activate_from_site()
     except BaseException as error:

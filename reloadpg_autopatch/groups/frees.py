@@ -28,7 +28,6 @@ has outlived its deadline.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -37,7 +36,7 @@ from typing import Any
 
 from .._originals import destroy_native
 from ..errors import GroupBrokenError, PeerMissingError, ReloadPGError, format_ranks
-from . import process, watchdog
+from . import process, stuck_peers, watchdog
 from .faults import GRACE_S
 from .store import channel, entries
 
@@ -45,6 +44,8 @@ logger = logging.getLogger("reloadpg_autopatch")
 
 #: How long an aborted communicator's free may take to return before the process ends.
 ABORT_S = 5.0
+#: How often a stuck rank reads how many peers have said where they are stuck.
+POLL_S = 0.2
 #: The rank that hosts the store (``channel.STORE_HOST``): named when the store is gone.
 STORE_HOST = channel.STORE_HOST
 
@@ -164,6 +165,7 @@ class _Context:
         self.where = channel.where(step)
         self.store = channel.base_store()
         self.key = holder.key(step, "stuck")
+        self.counter = f"{self.key}/count"
         self.rank = channel.global_rank()
 
     def expired(self, watch: watchdog.Watch) -> None:
@@ -193,23 +195,31 @@ class _Context:
 
     def _find(self, members: list[int]) -> tuple[list[int] | None, dict[int, str]]:
         """``(missing, elsewhere)``: the ranks the stuck free waits for that said nothing
-        (None: the store is gone), and the peers it waits for that are stuck in another free."""
-        mine = json.dumps({"group": self.label, "members": members}).encode()
+        (None: the store is gone), and the peers it waits for that are stuck in another free.
+
+        The entries (O(world) bytes) are read at most twice: once as many ranks as this group
+        has members have said where they are stuck (a counter, polled, tells), and at the
+        grace's end if some were missing then; every rank of a 4,096-rank world is stuck in
+        WORLD's free at once."""
         deadline = time.monotonic() + GRACE_S
         try:
-            self.store.append(self.key, entries.entry(self.rank, mine))
-            while True:
-                found = {
-                    rank: json.loads(payload)
-                    for rank, payload in entries.entries(entries.read(self.store, self.key)).items()
-                }
-                missing, elsewhere = _closure(self.rank, members, found)
-                if not missing or time.monotonic() >= deadline:
-                    return missing, elsewhere
-                time.sleep(0.2)
+            self.store.append(self.key, stuck_peers.entry(self.rank, self.label, members))
+            said = self.store.add(self.counter, 1)
+            while said < len(members) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+                said = self.store.add(self.counter, 0)
+            missing, elsewhere = self._read(members)
+            if missing and time.monotonic() < deadline:
+                time.sleep(deadline - time.monotonic())
+                missing, elsewhere = self._read(members)
+            return missing, elsewhere
         except Exception as error:  # the store's host died, or left
             logger.debug("cannot read who is stuck in %s: %r", self.where, error)
             return None, {}
+
+    def _read(self, members: list[int]) -> tuple[list[int], dict[int, str]]:
+        found = stuck_peers.read(entries.read(self.store, self.key))
+        return stuck_peers.closure(self.rank, members, found)
 
     def _error(
         self,
@@ -252,24 +262,3 @@ class _Context:
             f"{head}: every member ({format_ranks(members)}) is stuck in it too{stuck}, so "
             f"NCCL or the network failed under it. {tail}"
         )
-
-
-def _closure(
-    me: int, members: list[int], found: dict[int, dict[str, Any]]
-) -> tuple[list[int], dict[int, str]]:
-    """The ranks a stuck free waits for that said nothing, following peers stuck elsewhere."""
-    waiting = [r for r in members if r != me]
-    seen = {me}
-    missing, elsewhere = [], {}
-    while waiting:
-        rank = waiting.pop()
-        if rank in seen:
-            continue
-        seen.add(rank)
-        said = found.get(rank)
-        if said is None:
-            missing.append(rank)
-            continue
-        elsewhere[rank] = str(said.get("group"))
-        waiting.extend(int(r) for r in said.get("members", ()))
-    return sorted(missing), elsewhere

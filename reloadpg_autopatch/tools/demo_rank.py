@@ -289,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except Exception as error:
-        launch.emit({"type": "error", "message": f"{type(error).__name__}: {error}"})
-        raise
+        launch.fail(error)
     launch.emit({"type": "done"})
     return 0
 

@@ -2,31 +2,42 @@
 
 The launcher owns the rendezvous ``TCPStore`` (port 0 lets the kernel pick a free one), so a
 busy port is reported before any rank starts. Ranks talk back through tagged JSON lines on
-stdout (``emit``); ``init_rank`` says "up" before it joins. Any rank that exits non-zero, or any
-rank still running at the deadline, stops every rank and raises ``LaunchError`` naming the rank:
-a multi-process run never hangs. The deadline starts before the first rank does, so starting
-the ranks counts too, and ranks that never came up are named as such.
+stdout (``emit``, in ``rank`` with the rest of the rank side); ``init_rank`` says "up" before it
+joins. Any rank that exits non-zero, or any rank still running at the deadline, stops every rank
+and raises ``LaunchError`` naming the rank: a multi-process run never hangs. The deadline starts
+before the first rank does, so starting the ranks counts too, and ranks that never came up are
+named as such.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import json
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
-EVENT_TAG = "@reloadpg_autopatch "
-HOST = "127.0.0.1"
+from .rank import EVENT_TAG, HOST, emit, fail, init_rank, rank_parser
+
+# The rank side is ``rank``'s; its names are also this module's, where the ranks look them up.
+__all__ = [
+    "EVENT_TAG",
+    "HOST",
+    "LaunchError",
+    "PortInUse",
+    "RankOutcome",
+    "emit",
+    "fail",
+    "init_rank",
+    "launch",
+    "rank_parser",
+]
 
 
 class LaunchError(RuntimeError):
@@ -49,52 +60,6 @@ class RankOutcome:
     returncode: int | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     stderr: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
-
-
-# ---- rank side -------------------------------------------------------------------------
-
-
-def emit(event: dict[str, Any]) -> None:
-    """Report an event to the launcher (one tagged JSON line on stdout)."""
-    sys.stdout.write(EVENT_TAG + json.dumps(event) + "\n")
-    sys.stdout.flush()
-
-
-def rank_parser(description: str) -> argparse.ArgumentParser:
-    """An argument parser that already knows the options the launcher passes to each rank."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--host", default=HOST)
-    parser.add_argument("--port", type=int, required=True)
-    parser.set_defaults(launched=True)  # init_rank then tells the launcher this rank came up
-    return parser
-
-
-def init_rank(args: argparse.Namespace, backend: str = "gloo", timeout: float = 30.0) -> None:
-    """Join the launcher's store and initialise WORLD on ``backend``.
-
-    A rank started by ``launch`` first reports that it came up, so that the launcher can tell a
-    rank that never started from ranks left waiting for it.
-    """
-    if getattr(args, "launched", False):
-        emit({"type": "up", "rank": args.rank})
-    import torch.distributed as dist
-
-    store = dist.TCPStore(
-        args.host,
-        args.port,
-        args.world_size,
-        is_master=getattr(args, "store_host", False),  # tests may make a rank host it
-        timeout=timedelta(seconds=timeout),
-    )
-    dist.init_process_group(
-        backend,
-        store=store,
-        rank=args.rank,
-        world_size=args.world_size,
-        timeout=timedelta(seconds=timeout),
-    )
 
 
 # ---- launcher side ---------------------------------------------------------------------

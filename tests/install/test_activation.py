@@ -17,10 +17,12 @@ pytestmark = pytest.mark.timeout(300)
 GATE_PROBE = r"""
 import json, sys
 print(json.dumps({
-    "loaded": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "loaded": sorted(
+        m for m in sys.modules if m.startswith(("reloadpg_autopatch", "_reloadpg_autopatch_boot"))
+    ),
     "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
     "hooked": any(
-        type(f).__module__ == "reloadpg_autopatch._startup.finder" for f in sys.meta_path
+        type(f).__module__ == "_reloadpg_autopatch_boot" for f in sys.meta_path
     ),
 }))
 """
@@ -67,7 +69,7 @@ def test_processing_the_pth_twice_activates_once(installed) -> None:
     # A venv processes .pth files twice on some Pythons (cpython#75723); so can a re-run of site.
     source = (
         "import json, site, sys; site.addsitedir(sys.argv[1]); "
-        "print(json.dumps({'hooks': sum(type(f).__module__ == 'reloadpg_autopatch._startup.finder' "
+        "print(json.dumps({'hooks': sum(type(f).__module__ == '_reloadpg_autopatch_boot' "
         "for f in sys.meta_path)}))"
     )
     # One activation installs two: the finder waiting for torch.distributed and the watcher of
@@ -165,6 +167,56 @@ def test_our_own_module_may_be_the_first_to_import_torch(installed, first_import
     assert reported(result["_stderr"]) == [], result["_stderr"]
 
 
+# What the patch loads of ours as torch.distributed is imported, and whether it patched.
+LOADED_BY_THE_PATCH = (
+    "import json, sys\n"
+    "import torch.distributed as d\n"
+    "print(json.dumps({'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__'), "
+    "'loaded': sorted(m for m in sys.modules if m.startswith('reloadpg_autopatch.'))}))\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["wrapper", "suspend"])
+def test_the_patch_loads_the_wrappers_class_and_no_way_in_wrapper_mode(installed, mode) -> None:
+    """The patch runs the moment torch.distributed is imported, in every process where the gate
+    is on. In wrapper mode it needs the wrapper's class alone (before: every way and the
+    lifecycle's answers and rounds, 76 modules, 4.9% of the import); in suspend mode it asks
+    the ways whether any group needs a wrapper, and loads them."""
+    result = installed.script(
+        LOADED_BY_THE_PATCH, SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MODE=mode
+    )
+    loaded = set(result["loaded"])
+    assert result["patched"], result
+    assert "reloadpg_autopatch.groups.ways.wrapper.group" in loaded
+    ways = {
+        "reloadpg_autopatch.groups.ways.catalog",
+        "reloadpg_autopatch.groups.ways.wrapper.way",
+        "reloadpg_autopatch.groups.ways.suspend",
+        "reloadpg_autopatch.groups.ways.inplace",
+        "reloadpg_autopatch.groups.agreement",
+    }
+    if mode == "wrapper":
+        assert loaded & ways == set(), sorted(loaded & ways)
+    else:
+        assert ways <= loaded, sorted(ways - loaded)
+
+
+def test_a_bad_mode_is_said_once_whichever_layer_reads_it_first(installed) -> None:
+    """Start-up checks the value and says it; the lifecycle reads the mode again once torch is
+    imported, and does not say it a second time (``_env.first_report``)."""
+    source = (
+        "import json\n"
+        "import torch.distributed\n"
+        "from reloadpg_autopatch.groups import mode\n"
+        "print(json.dumps({'mode': mode.get_reload_mode()}))\n"
+    )
+    result = installed.script(source, SLIME_RELOADABLE_PG="1", SLIME_RELOADABLE_PG_MODE="fastest")
+    # Every line, whatever says it (a stderr line of start-up's, the package's logger).
+    lines = [line for line in result["_stderr"].splitlines() if "'fastest'" in line]
+    assert len(lines) == 1, result["_stderr"]
+    assert result["mode"] == "wrapper"  # what an unknown mode falls back to
+
+
 def test_start_file_entry_point_resolves_and_activates(installed) -> None:
     source = (
         "import json, os, pkgutil, sys\n"
@@ -177,7 +229,7 @@ def test_start_file_entry_point_resolves_and_activates(installed) -> None:
         "'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__')}))\n"
     )
     result = installed.script(source)  # gate off at start-up: only the entry point activates
-    assert result["entry"] == "reloadpg_autopatch._startup:activate_from_site"
+    assert result["entry"] == "_reloadpg_autopatch_boot:activate_from_site"
     assert result["patched"]
 
 

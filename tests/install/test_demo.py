@@ -224,12 +224,27 @@ def test_a_rank_that_does_not_come_up_fails_within_the_timeout_and_is_named(
     assert elapsed < timeout + 30  # the launcher's own start-up and the stop, not a second wait
 
 
+# Each rank's interpreter aborts as its exit tears down (as gloo's threads can, "terminate
+# called without an active exception"): a failed rank must end before that, with exit code 1.
+_ABORT_AT_RANK_EXIT = (
+    "import atexit, os, signal, sys\n"
+    "if '--rank' in sys.argv:\n"
+    "    atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))\n"
+)
+
+
 def test_an_injected_failure_is_reported_as_the_ranks_exception(installed, tmp_path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_ABORT_AT_RANK_EXIT)
     proc = demo(
-        installed, "--world-size", "2", "--cycles", "1", "--inject-failure", "1", cwd=tmp_path
+        installed,
+        *("--world-size", "2", "--cycles", "1", "--inject-failure", "1"),
+        cwd=tmp_path,
+        PYTHONPATH=str(site),
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    verdict = re.search(r"verdict: FAILED - rank 1 failed \(exit code \d+\): (.*)", proc.stdout)
+    verdict = re.search(r"verdict: FAILED - rank 1 failed \(exit code 1\): (.*)", proc.stdout)
     assert verdict, proc.stdout
     reason = verdict.group(1)
     tail = proc.stdout.split("--- rank 1 stderr (last lines) ---\n", 1)[1].splitlines()

@@ -22,7 +22,9 @@ SITE_FILES = ("reloadpg_autopatch.pth", "reloadpg_autopatch.start")
 PROBE = r"""
 import json, sys
 out = {
-    "at_start": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "at_start": sorted(
+        m for m in sys.modules if m.startswith(("reloadpg_autopatch", "_reloadpg_autopatch_boot"))
+    ),
     "torch_at_start": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
 }
 import torch.distributed as dist
@@ -47,7 +49,7 @@ def check_installed(venv: Venv) -> None:
     on = venv.script(PROBE, SLIME_RELOADABLE_PG="1")
     assert on["patched"]
     assert on["wrapped_original"] == "torch.distributed.distributed_c10d"
-    assert "reloadpg_autopatch._startup" in on["at_start"]
+    assert on["at_start"] == ["_reloadpg_autopatch_boot"]  # start-up imports one module
     assert on["torch_at_start"] == []
     assert reported(on["_stderr"]) == [], on["_stderr"]
 
@@ -179,7 +181,9 @@ def test_the_long_description_links_are_absolute_under_the_projects_url(built) -
 NO_TORCH_PROBE = r"""
 import json, sys
 out = {
-    "at_start": sorted(m for m in sys.modules if m.startswith("reloadpg_autopatch")),
+    "at_start": sorted(
+        m for m in sys.modules if m.startswith(("reloadpg_autopatch", "_reloadpg_autopatch_boot"))
+    ),
     "hooks": [type(f).__module__ for f in sys.meta_path if "reloadpg" in type(f).__module__],
     "torch_at_start": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
 }
@@ -200,17 +204,11 @@ def test_wheel_installs_and_starts_up_without_torch(built, tmp_path) -> None:
     check_site_files(venv)
 
     on = venv.script(NO_TORCH_PROBE, SLIME_RELOADABLE_PG="1")
-    # Only the start-up layer: the package, the vocabulary of the environment (it imports
-    # nothing), _startup and the hook it installed; with the gate alone set, nothing that
-    # reports other variables' values (``problems``).
-    assert on["at_start"] == [
-        "reloadpg_autopatch",
-        "reloadpg_autopatch._env",
-        "reloadpg_autopatch._startup",
-        "reloadpg_autopatch._startup.finder",
-    ]
+    # With the gate alone set, start-up imports one module, the boot module with its import
+    # hooks: not the package, nor what checks or reports the other variables (``_startup``).
+    assert on["at_start"] == ["_reloadpg_autopatch_boot"]
     # The finder waiting for torch.distributed, and the watcher of the frameworks' modules.
-    assert on["hooks"] == ["reloadpg_autopatch._startup.finder"] * 2
+    assert on["hooks"] == ["_reloadpg_autopatch_boot"] * 2
     assert on["torch_at_start"] == []
     assert on["error"] == "ModuleNotFoundError: No module named 'torch'"
     assert on["_stderr"] == ""  # no torch here to log anything: every line would be ours

@@ -261,8 +261,8 @@ def _fork_with_lock_held(ctx: Rank, role: str) -> dict:
     import threading
     import time
 
+    import _reloadpg_autopatch_boot as hook
     import reloadpg_autopatch as rpg
-    from reloadpg_autopatch._startup import finder as hook
 
     dist = ctx.patched("all")
     group = dist.new_group([0])

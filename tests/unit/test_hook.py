@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from reloadpg_autopatch._startup import finder as _hook
+import _reloadpg_autopatch_boot as _hook
 
 pytestmark = [pytest.mark.startup, pytest.mark.timeout(60)]
 

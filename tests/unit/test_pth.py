@@ -6,6 +6,7 @@ import ast
 
 import pytest
 
+import _reloadpg_autopatch_boot as _boot
 import reloadpg_autopatch._startup as _bootstrap
 from reloadpg_autopatch._startup import pth as _pth
 from tests.support.venv import ROOT
@@ -48,5 +49,5 @@ def test_guard_source_compiles_and_catches_everything() -> None:
 
 def test_start_entry_point_names_the_bootstrap_callable() -> None:
     module, _, name = _pth.ENTRY_POINT.partition(":")
-    assert module == _bootstrap.__name__
-    assert callable(getattr(_bootstrap, name))
+    assert module == _boot.__name__
+    assert callable(getattr(_boot, name))

@@ -31,7 +31,11 @@ def over(files: list[Path], limit: int, root: Path) -> dict[str, int]:
 
 
 def _package_modules() -> list[Path]:
-    return [p for p in (ROOT / "reloadpg_autopatch").rglob("*.py") if "__pycache__" not in p.parts]
+    """The package's modules and the top-level boot module the ``.pth`` line imports."""
+    package = (ROOT / "reloadpg_autopatch").rglob("*.py")
+    return [p for p in package if "__pycache__" not in p.parts] + [
+        ROOT / "_reloadpg_autopatch_boot.py"
+    ]
 
 
 def _script_files() -> list[Path]:

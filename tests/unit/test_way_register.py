@@ -13,6 +13,7 @@ import pytest
 
 from reloadpg_autopatch.groups import ways
 from reloadpg_autopatch.groups.decisions import DestroyFacts, DestroyStep, ReloadFacts, ReloadStep
+from reloadpg_autopatch.groups.ways import catalog
 
 
 class _FreesButCannot(ways.Way):
@@ -50,7 +51,7 @@ class _RebuildsWithoutRebuild(_Whole):
 @pytest.fixture(autouse=True)
 def _registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever a test registers is gone after it."""
-    monkeypatch.setattr(ways, "_REGISTERED", list(ways._REGISTERED))
+    monkeypatch.setattr(catalog, "_REGISTERED", list(catalog._REGISTERED))
 
 
 def test_a_way_missing_the_method_of_a_step_it_gives_is_refused() -> None:

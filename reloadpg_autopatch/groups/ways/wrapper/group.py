@@ -25,7 +25,6 @@ from ....errors import ReloadPGError
 from ... import aliases, guard, names, pools, registry
 from ...record import Record, State
 from .forwarders import install
-from .way import WRAPPER
 
 logger = logging.getLogger("reloadpg_autopatch")
 
@@ -77,6 +76,8 @@ class ReloadableProcessGroup(_NativeProcessGroup):
             ranks = dist.get_process_group_ranks(group)
         self.ranks = list(ranks)
         if _record is None:
+            from .way import WRAPPER  # not at import: the patch loads this module alone
+
             if not group_args and not group_kwargs:
                 group_kwargs = {"ranks": self.ranks}
             _record = registry.add(

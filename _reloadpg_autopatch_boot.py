@@ -1,24 +1,29 @@
-"""Meta-path finders that run a callback right after a module finishes executing.
+"""Start-up of reloadpg_autopatch where the gate is on: the one module the ``.pth`` line imports.
 
-Installed at start-up, it must cost nothing until that module is imported: its ``find_spec``
-returns after a string comparison for every other name, and this file imports nothing beyond
-``os`` and ``sys`` (which site has loaded) and the builtin ``_thread``. It finds the real spec
-by asking the other finders on ``sys.meta_path`` directly (editable-install finders, the path
-finder with its zipimport and namespace-package support all keep working), never through
+Every Python process of an image reads the ``.pth`` file, so where ``SLIME_RELOADABLE_PG`` is
+on, start-up imports this one top-level module (a module of the package would bring the
+package, ``_env`` and ``_startup``: 0.1 to 0.3 ms each). With the gate on and no other variable
+of ours set, it installs the import watchers and stops; anything to check or say goes through
+``reloadpg_autopatch._startup``. The callbacks import the package only when they run.
+
+The watchers are meta-path finders that run a callback right after a module finishes
+executing. Each must cost nothing until that module is imported: ``find_spec`` returns after a
+string comparison for every other name, and this file imports nothing beyond ``os`` and ``sys``
+(which site has loaded) and the builtin ``_thread``. It finds the real spec by asking the other
+finders on ``sys.meta_path`` directly (editable-install finders, the path finder with its
+zipimport and namespace-package support all keep working), never through
 ``importlib.util.find_spec``, which would re-enter the import system. The loader is proxied
 only for the duration of ``exec_module``; the module's ``__loader__`` and ``__spec__.loader``
 are restored before the callback runs, outside our lock.
 
-The callback (the patch) is built from this package's own modules, so it cannot run while one
-of them is half-imported: that happens when *our* module is the first to import torch. With
+The patch is built from the package's own modules, so it cannot run while one of them is
+half-imported: that happens when *our* module is the first to import torch. With
 ``defer_prefix`` the finder also watches the modules under that prefix and, if any of them is
 still initializing when the target finishes, runs the callback as soon as the last one is done.
-
 ``watch`` installs a finder that stays: it calls back for every module under some prefixes as it
-finishes importing (the start-up sweep of ``SLIME_RELOADABLE_PG_REBIND``).
-
-Every finder's lock is replaced in a forked child: a fork taken while another thread held one
-would otherwise leave the child's imports waiting forever.
+finishes importing (the frameworks' lifecycle modules, the ``SLIME_RELOADABLE_PG_REBIND`` sweep).
+Locks are replaced in a forked child: a fork taken while another thread held one would otherwise
+leave the child's imports waiting forever.
 """
 
 import os
@@ -220,3 +225,76 @@ def _new_locks_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_new_locks_in_child)
+
+
+# ---- start-up ---------------------------------------------------------------------------------
+
+#: What start-up needs of ``reloadpg_autopatch._env`` (its values; ``tests/unit/test_boot.py``
+#: keeps them equal), written here so that start-up imports no module of the package.
+GATE = "SLIME_RELOADABLE_PG"
+ON_VALUES = ("1", "true", "yes", "on")
+ADOPT_MODULES = tuple(
+    f"{name}.utils.reloadable_process_group" for name in ("slime", "miles", "vime")
+)
+PACKAGE = "reloadpg_autopatch"
+
+#: Whether and by what this process was activated (``_startup.status`` reports it).
+STATE = {"activated": False, "source": None}
+
+
+def _patch() -> None:
+    from reloadpg_autopatch._startup import patch_now
+
+    patch_now()
+
+
+def _adopt(module: object) -> None:
+    from reloadpg_autopatch._startup import adopt_on_import
+
+    adopt_on_import(module)
+
+
+def activate(source: str, adopt_modules: tuple = ADOPT_MODULES) -> bool:
+    """Patch ``torch.distributed`` as soon as it is imported (at once if it already is); hand
+    each framework lifecycle module in ``adopt_modules`` to the adoption as it executes.
+
+    Idempotent (a ``.pth`` can be processed twice in a venv; the ``.start`` entry point and an
+    explicit call may both run): returns False where the process was activated already.
+    """
+    if STATE["activated"]:
+        return False
+    STATE["activated"] = True
+    STATE["source"] = source
+    watch(adopt_modules, _adopt)
+    module = sys.modules.get("torch.distributed")
+    if module is not None and getattr(module, "__spec__", None) is not None:
+        _patch()
+    else:
+        install("torch.distributed", _patch, defer_prefix=PACKAGE + ".")
+    return True
+
+
+def _needs_checks(value: str) -> bool:
+    """Whether start-up has something to say: a gate value other than on, or another variable
+    of ours set (its value is checked, and may change what is watched)."""
+    if value.strip().lower() not in ON_VALUES:
+        return True
+    prefix = GATE + "_"
+    return any(key.startswith(prefix) and os.environ[key] for key in os.environ)
+
+
+def activate_from_site() -> None:
+    """Entry point of the ``.pth`` line and of the ``.start`` file: gate, then activate."""
+    try:
+        value = os.environ.get(GATE)
+        if value is None:
+            return
+        if not _needs_checks(value):
+            activate("site")
+            return
+        from reloadpg_autopatch._startup import activate_from_site as checked
+
+        checked()
+    except BaseException as error:  # the host process must always start
+        message = f"activation failed: {type(error).__name__}: {error}"
+        sys.stderr.write(f"reloadpg_autopatch: {message}\n")
