@@ -1,8 +1,8 @@
 """Reloadable torch.distributed process groups, patched in before Megatron binds them.
 
 Importing this package is cheap and never imports torch: the public names below load their
-module on first use (PEP 562), because the ``.pth`` hook imports this package in every Python
-process of an image, pip and Ray's own workers included.
+module on first use (PEP 562), because start-up imports this package in every Python process of
+an image where a variable of ours besides the gate is set, pip and Ray's own workers included.
 """
 
 __version__ = "0.3.0"
