@@ -209,11 +209,13 @@ def test_our_own_module_may_be_the_first_to_import_torch(installed, first_import
     assert reported(result["_stderr"]) == [], result["_stderr"]
 
 
-# What the patch loads of ours as torch.distributed is imported, and whether it patched.
+# What the patch loads of ours as torch.distributed is imported, and whether it patched
+# (new_group: patched in every mode; in suspend mode on torch 2.14 the collectives are torch's
+# own, every group being torch's own object).
 LOADED_BY_THE_PATCH = (
     "import json, sys\n"
     "import torch.distributed as d\n"
-    "print(json.dumps({'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__'), "
+    "print(json.dumps({'patched': hasattr(d.new_group, '__reloadpg_autopatch__'), "
     "'loaded': sorted(m for m in sys.modules if m.startswith('reloadpg_autopatch.'))}))\n"
 )
 
