@@ -64,6 +64,48 @@ def test_gate_values(installed, value, activates, warns) -> None:
         assert lines == []
 
 
+# What start-up imported and installed, in an interpreter of the venv with the wheel installed.
+START_PROBE = r"""
+import json, sys
+print(json.dumps({
+    "loaded": sorted(
+        m for m in sys.modules if m.startswith(("reloadpg_autopatch", "_reloadpg_autopatch_boot"))
+    ),
+    "hooks": sum(type(f).__module__ == "_reloadpg_autopatch_boot" for f in sys.meta_path),
+    "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+}))
+"""
+
+
+@pytest.mark.startup
+@pytest.mark.parametrize(
+    ("env", "checked"),
+    [
+        ({"SLIME_RELOADABLE_PG": "1"}, False),
+        ({"SLIME_RELOADABLE_PG": "on", "SLIME_RELOADABLE_PG_MODE": ""}, False),
+        ({"SLIME_RELOADABLE_PG": "1", "SLIME_RELOADABLE_PG_MODE": "suspend"}, True),
+        ({"SLIME_RELOADABLE_PG": "1", "SLIME_RELOADABLE_PG_LOG": "LOUD"}, True),
+    ],
+)
+def test_the_gate_alone_imports_the_boot_module_alone(installed, env: dict, checked: bool) -> None:
+    """The gate on and no other variable of ours set: one module at start-up, the boot module
+    (``_reloadpg_autopatch_boot``). Another variable set: its value is checked at start-up
+    (``_startup``), a bad one said there, and torch is never imported for it."""
+    proc = installed.run("-c", START_PROBE, env=clean_env(**env))
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    out = json.loads(proc.stdout)
+    assert out["hooks"] == 2, out  # the finder of torch.distributed, the adoption's watcher
+    assert out["torch"] == [], out
+    assert "_reloadpg_autopatch_boot" in out["loaded"], out
+    assert ("reloadpg_autopatch._startup" in out["loaded"]) is checked, out
+    if not checked:
+        assert out["loaded"] == ["_reloadpg_autopatch_boot"], out
+    bad = env.get("SLIME_RELOADABLE_PG_LOG") == "LOUD"
+    assert ("SLIME_RELOADABLE_PG_LOG" in proc.stderr) is bad, proc.stderr
+
+
 @pytest.mark.startup
 def test_processing_the_pth_twice_activates_once(installed) -> None:
     # A venv processes .pth files twice on some Pythons (cpython#75723); so can a re-run of site.
@@ -167,11 +209,13 @@ def test_our_own_module_may_be_the_first_to_import_torch(installed, first_import
     assert reported(result["_stderr"]) == [], result["_stderr"]
 
 
-# What the patch loads of ours as torch.distributed is imported, and whether it patched.
+# What the patch loads of ours as torch.distributed is imported, and whether it patched
+# (new_group: patched in every mode; in suspend mode on torch 2.14 the collectives are torch's
+# own, every group being torch's own object).
 LOADED_BY_THE_PATCH = (
     "import json, sys\n"
     "import torch.distributed as d\n"
-    "print(json.dumps({'patched': hasattr(d.all_reduce, '__reloadpg_autopatch__'), "
+    "print(json.dumps({'patched': hasattr(d.new_group, '__reloadpg_autopatch__'), "
     "'loaded': sorted(m for m in sys.modules if m.startswith('reloadpg_autopatch.'))}))\n"
 )
 
