@@ -41,15 +41,8 @@ def lifecycle_only() -> bool:
     """No group needs a wrapper: every way the mode may choose keeps torch's own object and
     this torch can do it (``ways.lifecycle_only``). Should one need a wrapper after all (WORLD
     swapped, an outer layer), ``complete`` installs the rest then."""
-    import sys
+    from ..groups import ways
 
-    from ..groups import mode, ways
-
-    if mode.get_reload_mode() == "wrapper" and f"{ways.__name__}.catalog" not in sys.modules:
-        # Every group is wrapped in wrapper mode, and no plugin can have changed that mode
-        # (registering a way loads the catalog): the answer, without loading every way at
-        # the moment torch.distributed is imported.
-        return False
     return ways.lifecycle_only()
 
 

@@ -10,6 +10,7 @@ between and after the cycle, and the groups torch creates (counted at its
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 from tests.support.ranks import GATE, Rank, run_ranks, total
@@ -76,10 +77,14 @@ print(rpg.get_reload_mode(), type(pair).__name__, rpg.last_cycle_report().destro
 """
 
 
-def _plugin(tmp_path: Any, name: str) -> dict[str, str]:
-    """An installed distribution (its ``.dist-info`` on ``sys.path``) whose entry point in the
-    ``reloadpg_autopatch.modes`` group, named ``name``, is the module that registers the
-    keep-awake way and its mode (``tests/support/keep_awake.py``)."""
+def _with_plugin(
+    tmp_path: Any, name: str, program: str, mode: str | None = "keep-awake"
+) -> subprocess.CompletedProcess:
+    """Run ``program`` in a fresh interpreter with the gate on, ``SLIME_RELOADABLE_PG_MODE``
+    set to ``mode`` (None: unset), and an installed distribution (its ``.dist-info`` on
+    ``sys.path``) whose entry point in the ``reloadpg_autopatch.modes`` group, named ``name``,
+    is the module that registers the keep-awake way and its mode
+    (``tests/support/keep_awake.py``)."""
     import os
     import sys
 
@@ -93,9 +98,17 @@ def _plugin(tmp_path: Any, name: str) -> dict[str, str]:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLIME_RELOADABLE_PG")}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    env |= {**GATE, "SLIME_RELOADABLE_PG_MODE": "keep-awake"}
-    env["_EXE"] = sys.executable
-    return env
+    env |= GATE
+    if mode is not None:
+        env["SLIME_RELOADABLE_PG_MODE"] = mode
+    return subprocess.run(
+        [sys.executable, "-c", program],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_a_mode_a_plugin_registers_is_chosen_by_the_environment(tmp_path: Any) -> None:
@@ -104,17 +117,7 @@ def test_a_mode_a_plugin_registers_is_chosen_by_the_environment(tmp_path: Any) -
     lifecycle loads the entry point when it first reads the mode, and the mode's way takes the
     groups (torch's own object, kept awake through the cycle). A fresh interpreter: the
     subject is what start-up and the first read of the variable do."""
-    import subprocess
-
-    env = _plugin(tmp_path, "keep-awake")
-    proc = subprocess.run(
-        [env.pop("_EXE"), "-c", _PLUGIN_PROGRAM],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _with_plugin(tmp_path, "keep-awake", _PLUGIN_PROGRAM)
     assert proc.returncode == 0, proc.stderr
     ours = [line for line in proc.stderr.splitlines() if "reloadpg_autopatch" in line]
     assert ours == [], proc.stderr
@@ -128,10 +131,6 @@ def test_a_mode_a_plugin_registers_is_chosen_by_set_reload_mode(tmp_path: Any) -
     the variable does, though nothing imported the plugin before; the same unknown name
     without such a plugin is refused with the modes there are. A fresh interpreter: the
     subject is the first lookup of the plugin."""
-    import subprocess
-
-    env = _plugin(tmp_path, "keep-awake")
-    del env["SLIME_RELOADABLE_PG_MODE"]
     program = (
         "import reloadpg_autopatch as rpg\n"
         "rpg.set_reload_mode('keep-awake')\n"
@@ -141,14 +140,7 @@ def test_a_mode_a_plugin_registers_is_chosen_by_set_reload_mode(tmp_path: Any) -
         "except ValueError as error:\n"
         "    print('refused', error)\n"
     )
-    proc = subprocess.run(
-        [env.pop("_EXE"), "-c", program],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _with_plugin(tmp_path, "keep-awake", program, mode=None)
     assert proc.returncode == 0, proc.stderr
     chosen, refused = proc.stdout.splitlines()
     assert chosen == "keep-awake", proc.stdout
@@ -160,17 +152,7 @@ def test_a_mode_a_plugin_registers_is_chosen_by_set_reload_mode(tmp_path: Any) -
 def test_a_mode_no_plugin_registers_is_refused_in_one_line(tmp_path: Any) -> None:
     """A plugin installed under another name does not make an unknown mode: one line at
     start-up names the variable and the modes there are, and the wrapper mode is used."""
-    import subprocess
-
-    env = _plugin(tmp_path, "keep-awake-two")
-    proc = subprocess.run(
-        [env.pop("_EXE"), "-c", _PLUGIN_PROGRAM],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _with_plugin(tmp_path, "keep-awake-two", _PLUGIN_PROGRAM)
     assert proc.returncode == 0, proc.stderr
     ours = [line for line in proc.stderr.splitlines() if line.startswith("reloadpg_autopatch")]
     assert len(ours) == 1, proc.stderr

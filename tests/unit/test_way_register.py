@@ -88,3 +88,14 @@ def test_a_way_deciding_by_the_suspend_verdicts_is_checked_for_every_one() -> No
         ways.register(_SleepsWithoutSuspend())
     with pytest.raises(TypeError, match=r"guard \(guard\)"):
         ways.register(_GuardsWithoutGuard())
+
+
+@pytest.mark.parametrize("name", ["wrapper", "Suspend", "auto", "native"])
+def test_a_built_in_mode_is_not_taken_over_by_a_registered_way(name: str) -> None:
+    """A plugin naming its mode like a built-in one would change what every program choosing
+    that mode gets, silently (the patch also answers wrapper mode without asking the ways)."""
+    whole = _Whole()
+    with pytest.raises(ValueError, match=r"built-in mode.*wrapper, native, suspend, auto"):
+        ways.register(whole, mode=name)
+    assert whole not in ways.registered()
+    assert [get() for get in ways.MODES["wrapper"]] == [ways.WRAPPER]

@@ -100,8 +100,14 @@ def register(way: Way, *, mode: str | None = None) -> Way:
     """Make ``way`` known; with ``mode``, a reload mode of that name that chooses it alone.
 
     Refused (``TypeError``) when its decisions can give a step it has no method for: that step
-    would otherwise fail half-way through a cycle, after the ranks agreed on it.
+    would otherwise fail half-way through a cycle, after the ranks agreed on it; and
+    (``ValueError``) when ``mode`` names a built-in mode, whose ways are fixed.
     """
+    if mode is not None and mode.strip().lower() in _MODE_NAMES:
+        raise ValueError(
+            f"mode {mode!r} is a built-in mode ({', '.join(_MODE_NAMES)}); register your way "
+            "under a name of its own"
+        )
     missing = missing_steps(way)
     if missing:
         raise TypeError(
